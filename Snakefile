@@ -1,0 +1,104 @@
+# sslbench: pretrain -> extract -> evaluate -> collect.
+# Thin by design: every rule calls the `sslbench` CLI, where the logic is tested.
+import json
+from pathlib import Path
+
+from snakemake.utils import min_version, validate
+
+from sslbench.config import resolve_method_config, selected_methods
+
+min_version("9.0")
+
+BASE = Path(workflow.basedir)  # anchors methods/ and config/ so --directory and test configs work
+METHODS_DIR = BASE / "methods"
+
+configfile: BASE / "config" / "default.yaml"
+validate(config, BASE / "config" / "schema.yaml")
+
+DATASET = config["dataset"]["name"]
+METHODS = selected_methods(config, METHODS_DIR)
+SEEDS = config["seeds"]
+PROTOCOLS = config["protocols"]
+RUN = "results/{dataset}/{method}/seed{seed}"
+
+wildcard_constraints:
+    dataset=DATASET,
+    method="|".join(METHODS) or "(?!)",
+    seed=r"\d+",
+    protocol="|".join(PROTOCOLS),
+
+
+def method_config(wildcards):
+    """The resolved settings of one method: a param, so changing them reruns its jobs."""
+    return json.dumps(resolve_method_config(config, METHODS_DIR, wildcards.method), sort_keys=True)
+
+
+def method_sources(wildcards):
+    """A method's code and config are inputs: editing them reruns that method's jobs."""
+    folder = METHODS_DIR / wildcards.method
+    return [str(p) for p in (folder / "method.py", folder / "config.yaml") if p.exists()]
+
+
+def protocol_settings(wildcards):
+    return json.dumps(config["evaluation"].get(wildcards.protocol, {}), sort_keys=True)
+
+
+rule all:
+    input:
+        "results/table.csv",
+
+
+rule pretrain:
+    input:
+        method_sources,
+    output:
+        checkpoint=RUN + "/checkpoint.pt",
+        log=RUN + "/train_log.csv",
+    params:
+        cfg=method_config,
+        method_dir=lambda wc: str(METHODS_DIR / wc.method),
+        run_dir=lambda wc, output: str(Path(output.checkpoint).parent),
+    threads: config["train"].get("threads", 1)
+    log:
+        RUN + "/logs/pretrain.log",
+    shell:
+        "sslbench pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
+        "--seed {wildcards.seed} --out {params.run_dir:q} --threads {threads} --quiet > {log:q} 2>&1"
+
+
+rule extract:
+    input:
+        RUN + "/checkpoint.pt",
+    output:
+        RUN + "/features.pt",
+    threads: config["evaluation"].get("threads", 1)
+    log:
+        RUN + "/logs/extract.log",
+    shell:
+        "sslbench extract --checkpoint {input:q} --out {output:q} --threads {threads} > {log:q} 2>&1"
+
+
+rule evaluate:
+    input:
+        features=RUN + "/features.pt",
+        checkpoint=RUN + "/checkpoint.pt",
+    output:
+        RUN + "/eval/{protocol}.json",
+    params:
+        settings=protocol_settings,
+    threads: config["evaluation"].get("threads", 1)
+    log:
+        RUN + "/logs/{protocol}.log",
+    shell:
+        "sslbench evaluate --protocol {wildcards.protocol} --features {input.features:q} "
+        "--checkpoint {input.checkpoint:q} --settings-json {params.settings:q} --seed {wildcards.seed} "
+        "--out {output:q} --threads {threads} > {log:q} 2>&1"
+
+
+rule collect:
+    input:
+        expand(RUN + "/eval/{protocol}.json", dataset=DATASET, method=METHODS, seed=SEEDS, protocol=PROTOCOLS),
+    output:
+        "results/table.csv",
+    shell:
+        "sslbench collect --out {output:q} {input:q}"

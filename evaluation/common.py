@@ -1,0 +1,111 @@
+"""Small helpers shared by the evaluation protocols: settings, the feature dict, metrics."""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+
+FEATURE_KEYS = ("train", "train_labels", "test", "test_labels", "num_classes")
+
+
+def resolve_settings(settings: dict | None, defaults: dict, protocol: str) -> dict:
+    """Defaults overridden by `settings`; an unknown key is a ValueError naming the known ones."""
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"{protocol}: unknown setting(s) {unknown}; known settings are {sorted(defaults)}. "
+            "Fix the protocol settings in the config file."
+        )
+    return {**copy.deepcopy(defaults), **copy.deepcopy(settings)}
+
+
+def to_numpy(value, name: str) -> np.ndarray:
+    """A torch tensor or array-like as a numpy array (copied off any device)."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def unpack_features(features: dict, allow_multilabel: bool = False) -> dict:
+    """The feature dict as validated numpy arrays: float32 features, int64 labels.
+
+    Single-label labels are [N] class ids in [0, num_classes). With `allow_multilabel`,
+    labels may also be [N, num_classes] (the VOC-style {1, 0, -1} targets).
+    """
+    missing = [key for key in FEATURE_KEYS if key not in features]
+    if missing:
+        raise ValueError(
+            f"feature dict is missing key(s) {missing}; it needs {list(FEATURE_KEYS)} "
+            "(rerun `sslbench extract` to rebuild features.pt)"
+        )
+    num_classes = int(features["num_classes"])
+    if num_classes < 2:
+        raise ValueError(f"feature dict: num_classes={num_classes}, a protocol needs at least 2 classes")
+    out = {"num_classes": num_classes}
+    for split in ("train", "test"):
+        x = np.ascontiguousarray(to_numpy(features[split], split), dtype=np.float32)
+        y = to_numpy(features[f"{split}_labels"], f"{split}_labels").astype(np.int64)
+        if x.ndim != 2 or len(x) == 0:
+            raise ValueError(f"feature dict: '{split}' must be a non-empty [N, D] matrix, got shape {x.shape}")
+        if not np.isfinite(x).all():
+            raise ValueError(f"feature dict: '{split}' holds non-finite values; re-extract the features")
+        if len(y) != len(x):
+            raise ValueError(f"feature dict: '{split}' has {len(x)} rows but '{split}_labels' has {len(y)}")
+        _check_labels(y, num_classes, f"{split}_labels", allow_multilabel)
+        out[split], out[f"{split}_labels"] = x, y
+    if out["train"].shape[1] != out["test"].shape[1]:
+        raise ValueError(
+            f"feature dict: train dim {out['train'].shape[1]} != test dim {out['test'].shape[1]}"
+        )
+    if out["train_labels"].ndim != out["test_labels"].ndim:
+        raise ValueError("feature dict: train and test labels differ in kind (one multilabel, one not)")
+    return out
+
+
+def _check_labels(y: np.ndarray, num_classes: int, name: str, allow_multilabel: bool) -> None:
+    if y.ndim == 2 and allow_multilabel:
+        if y.shape[1] != num_classes or not np.isin(y, (-1, 0, 1)).all():
+            raise ValueError(
+                f"feature dict: multilabel '{name}' must be [N, {num_classes}] with values in {{1, 0, -1}}"
+            )
+        return
+    if y.ndim != 1:
+        raise ValueError(f"feature dict: '{name}' must be a vector of class ids, got shape {y.shape}")
+    if y.min() < 0 or y.max() >= num_classes:
+        raise ValueError(
+            f"feature dict: '{name}' holds ids outside [0, {num_classes}) (range {y.min()}..{y.max()})"
+        )
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Rows scaled to unit Euclidean norm (all-zero rows stay zero)."""
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), eps)
+
+
+def topk_accuracy(scores: np.ndarray, labels: np.ndarray, ks=(1, 5)) -> dict[int, float]:
+    """Fraction of rows whose true label is among the k highest scores, for each k.
+
+    k larger than the number of classes counts every row correct (top-5 of 3 classes is 1.0).
+    Ties are broken by the lower class index, like a stable sort.
+    """
+    scores, labels = np.asarray(scores), np.asarray(labels)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    hits = order == labels[:, None]
+    return {k: float(hits[:, :k].any(axis=1).mean()) for k in ks}
+
+
+def seed_for(*parts: int) -> int:
+    """A 32-bit seed derived from several integers (run seed, draw, restart, ...)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+def check_metrics(metrics: dict, protocol: str) -> dict[str, float]:
+    """Metrics as plain floats; a non-finite value is a bug we refuse to write."""
+    out = {name: float(value) for name, value in metrics.items()}
+    bad = {name: value for name, value in out.items() if not math.isfinite(value)}
+    if bad:
+        raise ValueError(f"{protocol}: non-finite metric(s) {bad}")
+    return out

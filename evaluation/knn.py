@@ -1,0 +1,73 @@
+"""Weighted kNN classifier on frozen features (InstDisc, Wu et al. 2018; MoCo's kNN monitor).
+
+Features are L2-normalised, so the inner product is the cosine similarity. The k most
+similar train samples vote for their class with weight exp(similarity / temperature);
+the class scores are the summed votes. Neighbours come from an exact faiss IndexFlatIP.
+"""
+from __future__ import annotations
+
+import faiss
+import numpy as np
+
+from .common import check_metrics, l2_normalize, resolve_settings, topk_accuracy, unpack_features
+
+PROTOCOL = "knn"
+DEFAULTS: dict = {
+    "variants": [{"k": 200, "temperature": 0.1}, {"k": 20, "temperature": 0.07}],
+}
+
+
+def knn_classify(train_features: np.ndarray, train_labels: np.ndarray, test_features: np.ndarray,
+                 k: int, temperature: float, num_classes: int) -> np.ndarray:
+    """Class scores [n_test, num_classes]: sum over the top-k cosine neighbours of exp(sim / T).
+
+    k is capped at the number of train samples.
+    """
+    if k < 1 or temperature <= 0:
+        raise ValueError(f"knn: need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
+    train = np.ascontiguousarray(l2_normalize(train_features))
+    test = np.ascontiguousarray(l2_normalize(test_features))
+    train_labels = np.asarray(train_labels, dtype=np.int64)
+    k = min(int(k), len(train))
+
+    index = faiss.IndexFlatIP(train.shape[1])
+    index.add(train)
+    similarities, neighbours = index.search(test, k)
+
+    weights = np.exp(similarities.astype(np.float64) / temperature)
+    neighbour_labels = train_labels[neighbours]
+    scores = np.zeros((len(test), num_classes), dtype=np.float64)
+    rows = np.arange(len(test))
+    for j in range(k):  # each column touches every row once, so fancy-index += has no collisions
+        scores[rows, neighbour_labels[:, j]] += weights[:, j]
+    return scores
+
+
+def variant_name(k: int, temperature: float) -> str:
+    """Suffix of a variant's metric names: k200_t0.1 (the requested k, not the capped one)."""
+    return f"k{int(k)}_t{float(temperature):g}"
+
+
+def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float], dict]:
+    """top-1 / top-5 accuracy of each (k, temperature) variant on the test split.
+
+    kNN is deterministic: `seed` is accepted for the common signature and not used.
+    """
+    used = resolve_settings(settings, DEFAULTS, PROTOCOL)
+    data = unpack_features(features)
+    metrics, variants = {}, []
+    for variant in used["variants"]:
+        unknown = set(variant) - {"k", "temperature"}
+        if unknown or not {"k", "temperature"} <= set(variant):
+            raise ValueError(f"knn: each variant needs exactly keys 'k' and 'temperature', got {variant}")
+        k, temperature = int(variant["k"]), float(variant["temperature"])
+        scores = knn_classify(data["train"], data["train_labels"], data["test"], k, temperature,
+                              data["num_classes"])
+        accuracy = topk_accuracy(scores, data["test_labels"], ks=(1, 5))
+        name = variant_name(k, temperature)
+        metrics[f"top1_{name}"], metrics[f"top5_{name}"] = accuracy[1], accuracy[5]
+        variants.append({"k": k, "temperature": temperature, "effective_k": min(k, len(data["train"]))})
+    used["variants"] = variants
+    used["similarity"] = "cosine (L2-normalised, faiss IndexFlatIP)"
+    used["vote_weight"] = "exp(similarity / temperature)"
+    return check_metrics(metrics, PROTOCOL), used

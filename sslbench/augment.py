@@ -1,0 +1,500 @@
+"""Batched view pipelines (SimCLR / MoCo v2 style) that run on the batch's device.
+
+Input: uint8 images [B, C, H, W] (C = 1 or 3).  Output: float32 [B, C, S, S],
+normalised with the dataset's mean/std.  Every sample gets its own random
+parameters, drawn on the CPU from the ``torch.Generator`` handed to ``forward``
+(same seed, same views, whatever the device) and then moved to the device.
+
+The pipeline, per sample, in this fixed order:
+
+1. random resized crop + horizontal flip, both in one ``affine_grid`` /
+   ``grid_sample`` call (bilinear; the crop box is drawn as torchvision's
+   ``RandomResizedCrop.get_params`` draws it: 10 tries, then a central crop);
+2. colour jitter with probability ``jitter_p``: brightness, contrast,
+   saturation and hue as torchvision's ``ColorJitter`` defines them, applied in
+   a random order per sample (as torchvision and SimCLR's ``random_order=True``
+   do), clamped to [0, 1] after each step;
+3. grayscale with probability ``gray_p`` (ITU-R 601 luma, kept as 3 channels);
+4. Gaussian blur with probability ``blur_p``, separable, sigma ~ U(blur_sigma)
+   in pixels, reflect padding, kernel size from SimCLR's rule (about 10% of the
+   side, odd, here at least 3);
+5. normalisation.
+
+The official recipes flip last (MoCo) and, for MoCo v1 / SeLa, grey before
+jittering; flipping commutes with the colour steps and the symmetric blur, and
+grey-then-jitter equals jitter-then-grey up to clamping (brightness, contrast
+and luma are linear), so the fixed order above draws the same distribution.
+
+For 1-channel images saturation, hue and grayscale are no-ops (as in
+torchvision); brightness, contrast, blur, crop and flip still apply.
+
+Known deviation: ``grid_sample`` does not antialias, so crops larger than the
+output size are downscaled with some aliasing (torchvision antialiases).  For
+the small images this benchmark mostly uses, crops are upscaled and nothing
+changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ITU-R 601-2 luma weights, the ones torchvision's rgb_to_grayscale uses.
+LUMA_WEIGHTS = (0.299, 0.587, 0.114)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# ImageNet's grey statistics, derived with the same luma weights: the mean is
+# exact; the std assumes fully correlated channels (an upper bound, ~0.226).
+IMAGENET_GREY_MEAN = sum(w * m for w, m in zip(LUMA_WEIGHTS, IMAGENET_MEAN))
+IMAGENET_GREY_STD = sum(w * s for w, s in zip(LUMA_WEIGHTS, IMAGENET_STD))
+
+_CROP_TRIES = 10  # torchvision's RandomResizedCrop tries 10 boxes before the fallback
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """Settings of one view pipeline; see VIEW_PRESETS for the papers' values."""
+
+    crop_scale: tuple[float, float] = (0.2, 1.0)  # RandomResizedCrop scale (area fraction)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # aspect ratio range (w / h)
+    flip_p: float = 0.5
+    jitter_p: float = 0.8
+    brightness: float = 0.4  # factor ~ U[max(0, 1 - b), 1 + b]
+    contrast: float = 0.4
+    saturation: float = 0.4
+    hue: float = 0.1  # shift ~ U[-h, h] of a full turn, h <= 0.5
+    gray_p: float = 0.2
+    blur_p: float = 0.5
+    blur_sigma: tuple[float, float] = (0.1, 2.0)  # in pixels of the output image
+    # blur kernel size scales with the image: ~10% of the side, odd, at least 3 (SimCLR's rule)
+
+    def __post_init__(self):
+        for name in ("crop_scale", "crop_ratio", "blur_sigma"):
+            value = getattr(self, name)
+            if not isinstance(value, (tuple, list)) or len(value) != 2:
+                raise ValueError(f"ViewConfig.{name} must be a pair (low, high), got {value!r}")
+            object.__setattr__(self, name, (float(value[0]), float(value[1])))  # YAML gives lists
+        low, high = self.crop_scale
+        if not 0 < low <= high <= 1:
+            raise ValueError(f"ViewConfig.crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+        low, high = self.crop_ratio
+        if not 0 < low <= high:
+            raise ValueError(f"ViewConfig.crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}")
+        low, high = self.blur_sigma
+        if not 0 < low <= high:
+            raise ValueError(f"ViewConfig.blur_sigma must satisfy 0 < low <= high, got {self.blur_sigma}")
+        for name in ("flip_p", "jitter_p", "gray_p", "blur_p"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"ViewConfig.{name} is a probability in [0, 1], got {getattr(self, name)}")
+        for name in ("brightness", "contrast", "saturation"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ViewConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.hue <= 0.5:
+            raise ValueError(f"ViewConfig.hue must be in [0, 0.5] (a fraction of a turn), got {self.hue}")
+
+
+# Values read from the official code (torchvision transforms unless said otherwise).
+VIEW_PRESETS: dict[str, ViewConfig] = {
+    # google-research/simclr data_util.py: crop area (0.08, 1), ratio (3/4, 4/3), flip,
+    # colour jitter strength 1.0 -> 0.8/0.8/0.8/0.2 with p=0.8 (random order), grey p=0.2,
+    # blur p=0.5 with sigma ~ U(0.1, 2.0) and kernel height // 10 (ImageNet recipe; the
+    # paper's CIFAR runs use strength 0.5 and no blur: override for those).
+    "simclr": ViewConfig(
+        crop_scale=(0.08, 1.0), brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2,
+        jitter_p=0.8, gray_p=0.2, blur_p=0.5,
+    ),
+    # facebookresearch/moco main_moco.py without --aug-plus (InstDisc's recipe):
+    # crop (0.2, 1), grey p=0.2, ColorJitter(0.4, 0.4, 0.4, 0.4) always, flip.
+    "mocov1": ViewConfig(
+        crop_scale=(0.2, 1.0), brightness=0.4, contrast=0.4, saturation=0.4, hue=0.4,
+        jitter_p=1.0, gray_p=0.2, blur_p=0.0,
+    ),
+    # facebookresearch/moco main_moco.py --aug-plus (also PCL's recipe): crop (0.2, 1),
+    # ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, grey p=0.2, blur sigma (0.1, 2) p=0.5, flip.
+    "mocov2": ViewConfig(),
+    # HobbitLong/SupContrast main_supcon.py: crop (0.2, 1), flip,
+    # ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, grey p=0.2, no blur.
+    "supcon": ViewConfig(
+        crop_scale=(0.2, 1.0), brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1,
+        jitter_p=0.8, gray_p=0.2, blur_p=0.0,
+    ),
+    # yukimasano/self-label data.py, augs=3 (main.py's default): RandomResizedCrop with
+    # torchvision's default scale (0.08, 1), grey p=0.2, ColorJitter(0.4, 0.4, 0.4, 0.4)
+    # always, flip.
+    "sela": ViewConfig(
+        crop_scale=(0.08, 1.0), brightness=0.4, contrast=0.4, saturation=0.4, hue=0.4,
+        jitter_p=1.0, gray_p=0.2, blur_p=0.0,
+    ),
+    # The standard supervised ImageNet recipe (pytorch/examples imagenet/main.py):
+    # RandomResizedCrop (0.08, 1) + flip, no colour.  (SupContrast's main_ce.py uses
+    # scale (0.2, 1) on CIFAR: override crop_scale to match it.)
+    "supervised": ViewConfig(
+        crop_scale=(0.08, 1.0), jitter_p=0.0, gray_p=0.0, blur_p=0.0,
+    ),
+    # No augmentation: the whole (square) image resized to the output size.
+    "none": ViewConfig(
+        crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0,
+        gray_p=0.0, blur_p=0.0,
+    ),
+}
+
+
+def view_config(preset: str = "mocov2", **overrides) -> ViewConfig:
+    """A preset from VIEW_PRESETS with some fields replaced."""
+    if preset not in VIEW_PRESETS:
+        raise ValueError(f"unknown view preset {preset!r}; choose one of {sorted(VIEW_PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(ViewConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown ViewConfig key(s) {unknown} for preset {preset!r}; valid keys: {sorted(fields)}")
+    return dataclasses.replace(VIEW_PRESETS[preset], **overrides)
+
+
+def blur_kernel_size(image_size: int) -> int:
+    """SimCLR's rule: radius = (side // 10) // 2, kernel = 2 * radius + 1; at least 3."""
+    return max(3, 2 * ((image_size // 10) // 2) + 1)
+
+
+def dataset_stats(channels: int, images: torch.Tensor | None = None) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std in [0, 1] units.
+
+    From a uint8 train tensor [N, C, H, W] when given; otherwise ImageNet's
+    values (its luma-weighted grey values for 1 channel).
+    """
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+    if images is None:
+        if channels == 3:
+            return list(IMAGENET_MEAN), list(IMAGENET_STD)
+        return [IMAGENET_GREY_MEAN], [IMAGENET_GREY_STD]
+    _check_uint8_batch(images, channels, "dataset_stats(images=...)")
+    total = torch.zeros(channels, dtype=torch.float64)
+    total_sq = torch.zeros(channels, dtype=torch.float64)
+    for chunk in images.split(1024):  # float64 sums in chunks: exact enough, bounded memory
+        values = chunk.to(torch.float64).transpose(0, 1).reshape(channels, -1) / 255
+        total += values.sum(1).cpu()
+        total_sq += values.square().sum(1).cpu()
+    count = images.numel() // channels
+    if count == 0:
+        raise ValueError("dataset_stats got an empty image tensor; pass the training images")
+    mean = total / count
+    std = (total_sq / count - mean.square()).clamp_min(0).sqrt()
+    if (std == 0).any():
+        raise ValueError(f"dataset_stats: a channel is constant (std {std.tolist()}); it cannot be normalised")
+    return mean.tolist(), std.tolist()
+
+
+def _check_uint8_batch(images: torch.Tensor, channels: int, where: str) -> None:
+    if not isinstance(images, torch.Tensor) or images.dim() != 4:
+        raise ValueError(f"{where}: expected a uint8 tensor [B, C, H, W], got {type(images).__name__} "
+                         f"of shape {tuple(getattr(images, 'shape', ()))}")
+    if images.dtype != torch.uint8:
+        raise ValueError(f"{where}: expected dtype uint8 (raw pixels 0..255), got {images.dtype}; "
+                         f"pass the dataset's uint8 images, not already-scaled floats")
+    if images.shape[1] != channels:
+        raise ValueError(f"{where}: expected {channels} channel(s), got shape {tuple(images.shape)}")
+
+
+def _mean_std_buffers(channels: int, mean: Sequence[float], std: Sequence[float]):
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+    if len(mean) != channels or len(std) != channels:
+        raise ValueError(f"mean {list(mean)} and std {list(std)} need one value per channel ({channels})")
+    if any(s <= 0 for s in std):
+        raise ValueError(f"std values must be > 0, got {list(std)}")
+    as_column = lambda v: torch.tensor([float(x) for x in v], dtype=torch.float32).view(channels, 1, 1)
+    return as_column(mean), as_column(std)
+
+
+# --------------------------------------------------------------------------------------
+# Colour operations on float images in [0, 1], one factor per sample (torchvision's
+# definitions, batched).  Each takes x [n, C, H, W] and a factor tensor [n] on x's device.
+
+
+def _per_sample(factor: torch.Tensor) -> torch.Tensor:
+    return factor.view(-1, 1, 1, 1)
+
+
+def grayscale(x: torch.Tensor) -> torch.Tensor:
+    """ITU-R 601 luma [n, 1, H, W] of RGB images (1-channel images are returned as they are)."""
+    if x.shape[1] == 1:
+        return x
+    r, g, b = x.unbind(1)
+    return (LUMA_WEIGHTS[0] * r + LUMA_WEIGHTS[1] * g + LUMA_WEIGHTS[2] * b).unsqueeze(1)
+
+
+def _blend(x: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """factor * x + (1 - factor) * other, clamped to [0, 1]."""
+    f = _per_sample(factor)
+    return (f * x + (1 - f) * other).clamp_(0, 1)
+
+
+def adjust_brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return (x * _per_sample(factor)).clamp_(0, 1)
+
+
+def adjust_contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """Blend with the image's mean grey level."""
+    mean = grayscale(x).mean(dim=(1, 2, 3), keepdim=True)
+    return _blend(x, mean, factor)
+
+
+def adjust_saturation(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """Blend with the grey image; no-op on 1 channel."""
+    if x.shape[1] == 1:
+        return x
+    return _blend(x, grayscale(x), factor)
+
+
+def adjust_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Rotate the hue by ``shift`` turns (in [-0.5, 0.5]) in HSV space; no-op on 1 channel.
+
+    Value (max) and chroma (max - min) are kept; the hue, in sixths of a turn, is
+    rotated and the RGB channels rebuilt with the closed form
+    c_n = value - chroma * clamp(min(k, 4 - k), 0, 1), k = (n + 6 * hue) mod 6,
+    n = 5, 3, 1 for R, G, B.
+    """
+    if x.shape[1] == 1:
+        return x
+    hue_sixths, value, chroma = _hue_value_chroma(x)
+    rotated = hue_sixths.unsqueeze(1) + 6 * _per_sample(shift)
+    k = torch.remainder(_HSV_CHANNEL_OFFSETS.to(x.device, x.dtype) + rotated, 6)
+    ramp = torch.minimum(k, 4 - k).clamp_(0, 1)
+    return (value.unsqueeze(1) - chroma.unsqueeze(1) * ramp).clamp_(0, 1)
+
+
+_HSV_CHANNEL_OFFSETS = torch.tensor([5.0, 3.0, 1.0]).view(1, 3, 1, 1)
+
+
+def _hue_value_chroma(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """HSV hue in sixths of a turn (any real; taken mod 6 later), value and chroma, each [n, H, W]."""
+    r, g, b = x.unbind(1)
+    value = x.amax(dim=1)
+    chroma = value - x.amin(dim=1)
+    safe_chroma = torch.where(chroma > 0, chroma, torch.ones_like(chroma))  # grey: hue is irrelevant
+    # The sector is set by the largest channel (ties: red, then green, as torchvision).
+    hue_sixths = torch.where(
+        r == value, (g - b) / safe_chroma,
+        torch.where(g == value, (b - r) / safe_chroma + 2, (r - g) / safe_chroma + 4),
+    )
+    return hue_sixths, value, chroma
+
+
+_JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """Separable Gaussian blur with a per-sample sigma [n] (pixels) and reflect padding.
+
+    Each pass is a weighted sum of shifted copies: for these small kernels that is
+    faster on CPU than a grouped convolution, and it batches per-sample kernels.
+    """
+    radius = kernel_size // 2
+    offsets = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
+    weights = torch.exp(-offsets.square() / (2 * sigma.view(-1, 1).square()))
+    weights = (weights / weights.sum(dim=1, keepdim=True)).view(-1, 1, 1, 1, kernel_size)
+    height, width = x.shape[-2:]
+    mode = "reflect" if radius < min(height, width) else "replicate"
+    padded = F.pad(x, (radius, radius, radius, radius), mode=mode)
+    rows = sum(weights[..., tap] * padded[..., :, tap : tap + width] for tap in range(kernel_size))
+    return sum(weights[..., tap] * rows[..., tap : tap + height, :] for tap in range(kernel_size))
+
+
+# --------------------------------------------------------------------------------------
+# Per-sample random parameters, drawn on the CPU.
+
+
+@dataclass
+class _ViewParams:
+    top: torch.Tensor  # [B] crop box in input pixels (integers, as float)
+    left: torch.Tensor
+    height: torch.Tensor
+    width: torch.Tensor
+    flip: torch.Tensor  # [B] bool
+    jitter: torch.Tensor  # [B] bool
+    jitter_order: torch.Tensor  # [B, 4] a permutation of the 4 jitter ops
+    jitter_factors: torch.Tensor  # [B, 4] brightness, contrast, saturation factors; hue shift
+    gray: torch.Tensor  # [B] bool
+    blur: torch.Tensor  # [B] bool
+    sigma: torch.Tensor  # [B]
+
+
+def _uniform(n: int, low: float, high: float, generator, shape: tuple = ()) -> torch.Tensor:
+    return low + (high - low) * torch.rand((n, *shape), generator=generator)
+
+
+def _draw_crop_boxes(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator):
+    """torchvision's RandomResizedCrop.get_params, for n samples at once."""
+    area = in_h * in_w
+    target_area = area * _uniform(n, *cfg.crop_scale, generator, (_CROP_TRIES,))
+    log_ratio = _uniform(n, math.log(cfg.crop_ratio[0]), math.log(cfg.crop_ratio[1]), generator, (_CROP_TRIES,))
+    aspect = torch.exp(log_ratio)
+    widths = torch.round(torch.sqrt(target_area * aspect))
+    heights = torch.round(torch.sqrt(target_area / aspect))
+    valid = (widths > 0) & (widths <= in_w) & (heights > 0) & (heights <= in_h)
+    first_valid = valid.to(torch.uint8).argmax(dim=1, keepdim=True)
+    found = valid.any(dim=1)
+    width = widths.gather(1, first_valid).squeeze(1)
+    height = heights.gather(1, first_valid).squeeze(1)
+    # Fallback: a central crop with the aspect ratio clamped into the allowed range.
+    in_ratio = in_w / in_h
+    if in_ratio < cfg.crop_ratio[0]:
+        fallback_w, fallback_h = in_w, round(in_w / cfg.crop_ratio[0])
+    elif in_ratio > cfg.crop_ratio[1]:
+        fallback_w, fallback_h = round(in_h * cfg.crop_ratio[1]), in_h
+    else:
+        fallback_w, fallback_h = in_w, in_h
+    width = torch.where(found, width, float(fallback_w))
+    height = torch.where(found, height, float(fallback_h))
+    # Integer offsets uniform over the valid positions (randint(0, in - size + 1)).
+    position = torch.rand((n, 2), generator=generator)
+    top = torch.floor(position[:, 0] * (in_h - height + 1)).clamp_max(in_h - height)
+    left = torch.floor(position[:, 1] * (in_w - width + 1)).clamp_max(in_w - width)
+    top = torch.where(found, top, torch.div(in_h - height, 2, rounding_mode="floor"))
+    left = torch.where(found, left, torch.div(in_w - width, 2, rounding_mode="floor"))
+    return top, left, height, width
+
+
+def _draw_params(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator) -> _ViewParams:
+    # Always the same draws in the same order, whatever the probabilities, so a
+    # seed gives the same stream of parameters across configurations.
+    top, left, height, width = _draw_crop_boxes(n, in_h, in_w, cfg, generator)
+    flip = torch.rand(n, generator=generator) < cfg.flip_p
+    jitter = torch.rand(n, generator=generator) < cfg.jitter_p
+    jitter_order = torch.argsort(torch.rand((n, 4), generator=generator), dim=1)
+    factors = torch.stack([
+        _uniform(n, max(0.0, 1 - cfg.brightness), 1 + cfg.brightness, generator),
+        _uniform(n, max(0.0, 1 - cfg.contrast), 1 + cfg.contrast, generator),
+        _uniform(n, max(0.0, 1 - cfg.saturation), 1 + cfg.saturation, generator),
+        _uniform(n, -cfg.hue, cfg.hue, generator),
+    ], dim=1)
+    gray = torch.rand(n, generator=generator) < cfg.gray_p
+    blur = torch.rand(n, generator=generator) < cfg.blur_p
+    sigma = _uniform(n, *cfg.blur_sigma, generator)
+    return _ViewParams(top, left, height, width, flip, jitter, jitter_order, factors, gray, blur, sigma)
+
+
+def _indices(mask: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """Positions of a CPU mask on the target device (None if empty): no device sync."""
+    idx = mask.nonzero().squeeze(1)
+    return idx.to(device) if idx.numel() else None
+
+
+# --------------------------------------------------------------------------------------
+
+
+class ViewAugment(nn.Module):
+    """One random view per image: uint8 [B, C, H, W] -> normalised float32 [B, C, S, S]."""
+
+    def __init__(self, image_size: int, channels: int, mean: Sequence[float], std: Sequence[float],
+                 config: ViewConfig):
+        super().__init__()
+        if int(image_size) <= 0:
+            raise ValueError(f"image_size must be positive, got {image_size}")
+        if not isinstance(config, ViewConfig):
+            raise ValueError(f"config must be a ViewConfig (see view_config()), got {type(config).__name__}")
+        self.image_size = int(image_size)
+        self.channels = channels
+        self.config = config
+        self.blur_kernel_size = blur_kernel_size(self.image_size)
+        mean_t, std_t = _mean_std_buffers(channels, mean, std)
+        self.register_buffer("mean", mean_t, persistent=False)
+        self.register_buffer("std", std_t, persistent=False)
+        # Which jitter ops can change anything (a zero strength, or 1 channel, disables one).
+        colour = channels == 3
+        self._jitter_enabled = (config.brightness > 0, config.contrast > 0,
+                                config.saturation > 0 and colour, config.hue > 0 and colour)
+
+    def extra_repr(self) -> str:
+        return f"image_size={self.image_size}, channels={self.channels}, config={self.config}"
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        _check_uint8_batch(images, self.channels, type(self).__name__)
+        n, _, in_h, in_w = images.shape
+        if generator is not None and generator.device.type != "cpu":
+            raise ValueError("ViewAugment draws its parameters on the CPU: pass a CPU torch.Generator")
+        params = _draw_params(n, in_h, in_w, self.config, generator)
+        device = images.device
+        x = self._crop_and_flip(images, params)
+        self._jitter(x, params, device)
+        if self.channels == 3 and (idx := _indices(params.gray, device)) is not None:
+            x[idx] = grayscale(x[idx]).expand(-1, 3, -1, -1)
+        if (idx := _indices(params.blur, device)) is not None:
+            x[idx] = gaussian_blur(x[idx], params.sigma.to(device)[idx], self.blur_kernel_size)
+        return (x - self.mean.to(device)) / self.std.to(device)
+
+    def _crop_and_flip(self, images: torch.Tensor, params: _ViewParams) -> torch.Tensor:
+        n, _, in_h, in_w = images.shape
+        size = self.image_size
+        x = images.float() / 255
+        full_image = (params.top == 0) & (params.left == 0) & (params.height == in_h) & (params.width == in_w)
+        if in_h == in_w == size and bool(full_image.all()):
+            # Nothing to resample: flip only, exactly.
+            if (idx := _indices(params.flip, images.device)) is not None:
+                x[idx] = x[idx].flip(-1)
+            return x
+        # One affine map per sample from output coordinates to the crop box, in the
+        # normalised [-1, 1] coordinates of grid_sample (align_corners=False: the image
+        # edges are at -1 and 1); a negative x-scale flips the crop.
+        scale_x = params.width / in_w
+        scale_y = params.height / in_h
+        centre_x = (2 * params.left + params.width) / in_w - 1
+        centre_y = (2 * params.top + params.height) / in_h - 1
+        sign = 1 - 2 * params.flip.float()
+        theta = torch.zeros(n, 2, 3)
+        theta[:, 0, 0] = sign * scale_x
+        theta[:, 0, 2] = centre_x
+        theta[:, 1, 1] = scale_y
+        theta[:, 1, 2] = centre_y
+        grid = F.affine_grid(theta.to(images.device), [n, self.channels, size, size], align_corners=False)
+        # Border padding: samples within half a pixel of the edge must not fade to black.
+        return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+    def _jitter(self, x: torch.Tensor, params: _ViewParams, device: torch.device) -> None:
+        """Colour jitter in place, each sample's four ops in its own random order."""
+        factors = params.jitter_factors.to(device)
+        for slot in range(4):
+            for op_index, op in enumerate(_JITTER_OPS):
+                if not self._jitter_enabled[op_index]:
+                    continue
+                chosen = params.jitter & (params.jitter_order[:, slot] == op_index)
+                if (idx := _indices(chosen, device)) is not None:
+                    x[idx] = op(x[idx], factors[idx, op_index])
+
+
+class EvalTransform(nn.Module):
+    """Deterministic: centre square crop if not square, resize to S if needed, normalise."""
+
+    def __init__(self, image_size: int, channels: int, mean: Sequence[float], std: Sequence[float]):
+        super().__init__()
+        if int(image_size) <= 0:
+            raise ValueError(f"image_size must be positive, got {image_size}")
+        self.image_size = int(image_size)
+        self.channels = channels
+        mean_t, std_t = _mean_std_buffers(channels, mean, std)
+        self.register_buffer("mean", mean_t, persistent=False)
+        self.register_buffer("std", std_t, persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"image_size={self.image_size}, channels={self.channels}"
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        _check_uint8_batch(images, self.channels, type(self).__name__)
+        _, _, in_h, in_w = images.shape
+        x = images.float() / 255
+        if in_h != in_w:
+            side = min(in_h, in_w)
+            top, left = (in_h - side) // 2, (in_w - side) // 2
+            x = x[:, :, top : top + side, left : left + side]
+        if x.shape[-1] != self.image_size:
+            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
+                              align_corners=False, antialias=True).clamp_(0, 1)
+        return (x - self.mean.to(x.device)) / self.std.to(x.device)

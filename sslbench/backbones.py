@@ -1,0 +1,42 @@
+"""Backbones: any timm model by name, as a feature extractor (num_classes=0).
+
+The small-image stem (3x3 conv, stride 1, no max-pool) is the CIFAR convention
+of SimCLR, SupCon and most CIFAR reproductions of MoCo; it applies to timm's
+ResNet family, whose stem is ``conv1`` + ``bn1`` + ``maxpool``.
+"""
+from __future__ import annotations
+
+import timm
+from torch import nn
+
+
+class BackboneError(ValueError):
+    pass
+
+
+def create_backbone(name: str, in_chans: int = 3, small_stem: bool = False, **kwargs) -> nn.Module:
+    """A timm model with its classifier removed; ``model.num_features`` is the feature size."""
+    if name not in timm.list_models():
+        close = timm.list_models(f"*{name}*")[:10]
+        raise BackboneError(
+            f"unknown backbone {name!r} (config key `backbone.name`): not a timm model name; "
+            f"similar names: {close or 'none'}; see timm.list_models()"
+        )
+    model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_chans, **kwargs)
+    if small_stem:
+        apply_small_stem(model, name)
+    return model
+
+
+def apply_small_stem(model: nn.Module, name: str) -> None:
+    """Replace the stem by a 3x3 stride-1 conv and drop the max-pool (in place)."""
+    if not (hasattr(model, "conv1") and hasattr(model, "maxpool") and hasattr(model, "bn1")):
+        raise BackboneError(
+            f"backbone.small_stem is only defined for timm's ResNet family; {name!r} has no "
+            "conv1/bn1/maxpool stem. Set `backbone.small_stem: false` or choose a ResNet."
+        )
+    old = model.conv1
+    first = old[0] if isinstance(old, nn.Sequential) else old  # deep stems ('t', 'd' variants, test_resnet)
+    width = model.bn1.num_features
+    model.conv1 = nn.Conv2d(first.in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()

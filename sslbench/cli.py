@@ -1,0 +1,90 @@
+"""``sslbench pretrain|extract|evaluate|collect``: the commands the Snakefile runs."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+
+def _threads(n: int | None) -> None:
+    # Snakemake passes each job's `threads`, so --cores all fills the machine without oversubscribing.
+    if n:
+        torch.set_num_threads(n)
+
+
+def cmd_pretrain(args) -> None:
+    from .engine import pretrain
+
+    pretrain(args.method_dir, json.loads(args.config_json), args.seed, args.out, device=args.device,
+             progress=not args.quiet)
+
+
+def cmd_extract(args) -> None:
+    from .features import extract
+
+    extract(args.checkpoint, args.out, device=args.device)
+
+
+def cmd_evaluate(args) -> None:
+    from .results import run_protocol
+
+    run_protocol(args.protocol, args.features, json.loads(args.settings_json), args.seed, args.out,
+                 checkpoint_path=args.checkpoint)
+
+
+def cmd_collect(args) -> None:
+    from .results import collect
+
+    table = collect(args.results, args.out)
+    print(f"[sslbench] {len(table)} rows -> {args.out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sslbench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pretrain", help="train one method with one seed")
+    p.add_argument("--method-dir", required=True)
+    p.add_argument("--config-json", required=True, help="the resolved method config (JSON)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--out", required=True, help="run folder: checkpoint.pt, train_log.csv, run.json")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("extract", help="features of a checkpoint on train and test splits")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_extract)
+
+    p = sub.add_parser("evaluate", help="one evaluation protocol on extracted features")
+    p.add_argument("--protocol", required=True)
+    p.add_argument("--features", required=True)
+    p.add_argument("--settings-json", default="{}")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("collect", help="result JSONs -> long-format table.csv")
+    p.add_argument("--out", required=True)
+    p.add_argument("results", nargs="*")
+    p.set_defaults(func=cmd_collect)
+
+    for p in sub.choices.values():
+        p.add_argument("--threads", type=int, default=None)
+        p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+        p.add_argument("--quiet", action="store_true")
+
+    args = parser.parse_args(argv)
+    _threads(args.threads)
+    try:
+        args.func(args)
+    except (ValueError, OSError) as err:  # our errors say what to fix; no traceback deep in torch
+        print(f"sslbench {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

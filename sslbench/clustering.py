@@ -1,0 +1,223 @@
+"""Clustering shared by the methods and the clustering protocol: pure functions.
+
+- kmeans:               faiss k-means (CPU or GPU), seeded.
+- concentration:        PCL's per-cluster concentration phi (Li et al., 2021).
+- sinkhorn:             SeLa's optimal-transport pseudo-labelling (Asano et
+                        al., 2020), in the log domain.
+- sinkhorn_labels:      argmax of the Sinkhorn plan's rows.
+- equipartition_labels: SeLa's initial labels, an exact random equipartition.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "KMeansResult",
+    "kmeans",
+    "concentration",
+    "sinkhorn",
+    "sinkhorn_labels",
+    "equipartition_labels",
+]
+
+
+@dataclass
+class KMeansResult:
+    """centroids [k, D] float32; assignments [N] long; distances [N] float32 =
+    Euclidean distance of each point to its assigned centroid; inertia = sum
+    of squared distances. Tensors live on the input's device."""
+
+    centroids: torch.Tensor
+    assignments: torch.Tensor
+    distances: torch.Tensor
+    inertia: float
+
+
+def _faiss_num_gpus() -> int:
+    import faiss
+
+    get_num_gpus = getattr(faiss, "get_num_gpus", None)
+    return int(get_num_gpus()) if get_num_gpus is not None else 0
+
+
+def kmeans(
+    features: torch.Tensor,
+    k: int,
+    niter: int = 20,
+    nredo: int = 1,
+    seed: int = 0,
+    spherical: bool = False,
+    use_gpu: bool | None = None,
+    max_points_per_centroid: int | None = None,
+) -> KMeansResult:
+    """k-means with faiss.Kmeans; the same inputs and seed give the same result.
+
+    use_gpu=None runs on the GPU when faiss was built with GPUs and `features`
+    is a CUDA tensor; True demands a GPU; False forces the CPU.
+    max_points_per_centroid=None keeps faiss's default (256): faiss then trains
+    on a random subsample of k*256 points (PCL passes 1000). Every point is
+    assigned to its nearest centroid afterwards (by inner product when
+    spherical, as faiss trains it).
+    """
+    import faiss
+
+    if features.dim() != 2:
+        raise ValueError(f"kmeans needs features [N, D], got shape {tuple(features.shape)}")
+    num_points, dim = features.shape
+    if not 1 <= k <= num_points:
+        raise ValueError(f"kmeans needs 1 <= k <= N, got k={k} for N={num_points} points; lower k")
+    num_gpus = _faiss_num_gpus()
+    if use_gpu is None:
+        use_gpu = features.is_cuda and num_gpus > 0
+    elif use_gpu and num_gpus == 0:
+        raise ValueError("use_gpu=True but this faiss has no GPU (install faiss-gpu, or pass use_gpu=False)")
+
+    x = np.ascontiguousarray(features.detach().float().cpu().numpy())
+    if not np.isfinite(x).all():
+        raise ValueError("kmeans features contain NaN or inf")
+    options = dict(niter=niter, nredo=nredo, seed=seed, spherical=spherical, verbose=False, gpu=bool(use_gpu))
+    if max_points_per_centroid is not None:
+        options["max_points_per_centroid"] = int(max_points_per_centroid)
+    clusterer = faiss.Kmeans(dim, k, **options)
+    clusterer.train(x)
+    _, nearest = clusterer.index.search(x, 1)
+
+    centroids = torch.from_numpy(np.ascontiguousarray(clusterer.centroids, dtype=np.float32))
+    assignments = torch.from_numpy(nearest[:, 0].astype(np.int64))
+    # Exact distances from the points themselves: faiss's search distances are
+    # squared, computed through ||x||^2 + ||c||^2 - 2x·c, and lose precision.
+    distances = (torch.from_numpy(x) - centroids[assignments]).norm(dim=1)
+    inertia = float(distances.double().pow(2).sum())
+    device = features.device
+    return KMeansResult(centroids.to(device), assignments.to(device), distances.to(device), inertia)
+
+
+def concentration(
+    features: torch.Tensor,
+    centroids: torch.Tensor,
+    assignments: torch.Tensor,
+    temperature: float,
+    alpha: float = 10.0,
+) -> torch.Tensor:
+    """PCL's concentration phi of each of the k clusters (main_pcl.py run_kmeans).
+
+    phi_j = mean_{z in j} ||z - c_j|| / log(Z_j + alpha), with the
+    un-normalised centroid c_j and cluster size Z_j. Clusters with at most
+    one member get the largest phi of the others; all phi are then clipped
+    to their 10th-90th percentiles and rescaled so their mean is
+    `temperature`. If every phi is 0 (each cluster a single point or fully
+    collapsed) all clusters are equally concentrated: phi = temperature.
+    Returns a float32 tensor [k] on the features' device.
+    """
+    if features.dim() != 2 or centroids.dim() != 2 or features.shape[1] != centroids.shape[1]:
+        raise ValueError(
+            f"concentration needs features [N, D] and centroids [k, D], got "
+            f"{tuple(features.shape)} and {tuple(centroids.shape)}"
+        )
+    num_clusters = centroids.shape[0]
+    assignments = assignments.reshape(-1).long().to(features.device)
+    if assignments.shape[0] != features.shape[0]:
+        raise ValueError(f"assignments has {assignments.shape[0]} entries, features {features.shape[0]} rows")
+    if assignments.numel() and (assignments.min() < 0 or assignments.max() >= num_clusters):
+        raise ValueError(f"assignments must lie in [0, {num_clusters}), the centroid ids")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+    features = features.detach().double()
+    centroids = centroids.detach().double().to(features.device)
+    distances = (features - centroids[assignments]).norm(dim=1)
+    sizes = torch.bincount(assignments, minlength=num_clusters).double()
+    distance_sums = torch.zeros(num_clusters, dtype=torch.float64, device=features.device)
+    distance_sums.index_add_(0, assignments, distances)
+
+    has_spread = sizes > 1
+    phi = torch.zeros(num_clusters, dtype=torch.float64, device=features.device)
+    phi[has_spread] = distance_sums[has_spread] / sizes[has_spread] / torch.log(sizes[has_spread] + alpha)
+    # phi is 0 wherever size <= 1, so the max over all clusters is the max of the others.
+    phi[~has_spread] = phi.max()
+
+    low, high = torch.quantile(phi, torch.tensor([0.1, 0.9], dtype=torch.float64, device=phi.device))
+    phi = phi.clamp(low, high)  # extreme values would destabilise the loss
+    if phi.mean() == 0:
+        return torch.full((num_clusters,), float(temperature), dtype=torch.float32, device=features.device)
+    return (temperature * phi / phi.mean()).float()
+
+
+def _sinkhorn_log_scalings(
+    log_kernel: torch.Tensor, tol: float, max_iters: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Find log a [N] and log b [K] so that exp(log a + log_kernel + log b)
+    has row sums 1/N and column sums 1/K. Each iteration sets b exactly (the
+    columns), then checks the rows before correcting a."""
+    num_rows, num_cols = log_kernel.shape
+    log_row_target = -math.log(num_rows)
+    log_col_target = -math.log(num_cols)
+    log_a = torch.full((num_rows,), log_row_target, dtype=log_kernel.dtype, device=log_kernel.device)
+    log_b = torch.zeros(num_cols, dtype=log_kernel.dtype, device=log_kernel.device)
+    iterations = 0
+    while iterations < max_iters:
+        iterations += 1
+        log_b = log_col_target - torch.logsumexp(log_kernel + log_a[:, None], dim=0)
+        log_row_sums_without_a = torch.logsumexp(log_kernel + log_b[None, :], dim=1)
+        # Relative error of the row marginals, N * row_sum - 1 (columns are exact now).
+        row_error = (torch.exp(log_a + log_row_sums_without_a - log_row_target) - 1).abs().max()
+        if row_error <= tol:
+            break
+        log_a = log_row_target - log_row_sums_without_a
+    return log_a, log_b, iterations
+
+
+def sinkhorn(
+    probs: torch.Tensor,
+    lam: float,
+    tol: float = 1e-6,
+    max_iters: int = 1000,
+    return_iters: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, int]:
+    """SeLa's pseudo-labelling plan (yukimasano/self-label).
+
+    probs [N, K] has softmax rows. Returns Q = diag(a) P^lam diag(b) [N, K]
+    with row sums 1/N and column sums 1/K: the column sums are exact, the row
+    sums within a relative `tol` (|N * row_sum - 1| <= tol), unless max_iters
+    ran out first. Everything runs in the log domain (lam * log P and
+    logsumexp updates), so lam = 25 cannot underflow. The work is in float64:
+    in float32 the rounding of lam * log P alone exceeds tol = 1e-6. Peak
+    memory is about four N x K float64 arrays. Entries of probs equal to 0
+    count as the smallest positive float64. The plan comes back in probs'
+    dtype (float64 for integer input) on probs' device.
+    return_iters=True returns (Q, number of iterations run) instead.
+    """
+    if probs.dim() != 2 or probs.shape[0] == 0 or probs.shape[1] == 0:
+        raise ValueError(f"sinkhorn needs probs [N, K] with N, K >= 1, got shape {tuple(probs.shape)}")
+    if not lam > 0:
+        raise ValueError(f"sinkhorn needs lam > 0, got {lam}")
+    if max_iters < 1:
+        raise ValueError(f"sinkhorn needs max_iters >= 1, got {max_iters}")
+    out_dtype = probs.dtype if probs.is_floating_point() else torch.float64
+    probs = probs.detach().double()
+    if not torch.isfinite(probs).all() or (probs < 0).any():
+        raise ValueError("sinkhorn needs finite, non-negative probs (softmax outputs)")
+
+    log_kernel = lam * torch.log(probs.clamp_min(torch.finfo(torch.float64).tiny))
+    log_a, log_b, iterations = _sinkhorn_log_scalings(log_kernel, tol, max_iters)
+    plan = torch.exp(log_a[:, None] + log_kernel + log_b[None, :]).to(out_dtype)
+    return (plan, iterations) if return_iters else plan
+
+
+def sinkhorn_labels(probs: torch.Tensor, lam: float, tol: float = 1e-6, max_iters: int = 1000) -> torch.Tensor:
+    """SeLa's pseudo-labels: the argmax of each row of the Sinkhorn plan, LongTensor [N]."""
+    return sinkhorn(probs, lam, tol=tol, max_iters=max_iters).argmax(dim=1)
+
+
+def equipartition_labels(n: int, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """n labels in [0, k), each used floor(n/k) or ceil(n/k) times, in random
+    order (SeLa's initial labels). `generator` is a CPU generator."""
+    if n < 0 or k < 1:
+        raise ValueError(f"equipartition_labels needs n >= 0 and k >= 1, got n={n}, k={k}")
+    balanced = torch.arange(n) % k
+    return balanced[torch.randperm(n, generator=generator)]

@@ -1,0 +1,108 @@
+"""Configuration: method discovery and the per-method resolved config.
+
+Precedence, lowest first: the suite's ``train`` settings (config/default.yaml or a
+preset), the method's own ``methods/<name>/config.yaml``, then the preset's
+``method_overrides.<name>``.  The resolved config of a run is stored in every
+checkpoint and result, so a number never loses the settings that produced it.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    pass
+
+
+# Keys a method's config.yaml may use besides its own hyperparameters.
+METHOD_SECTIONS = ("train", "augment")
+
+
+def discover_methods(methods_dir: str | Path) -> list[str]:
+    """Every folder under methods/ with a method.py; names starting with _ or . are skipped."""
+    root = Path(methods_dir)
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith(("_", ".")) and (p / "method.py").is_file()
+    )
+
+
+def list_method_folders(methods_dir: str | Path) -> list[str]:
+    """Folders that look like methods, with or without method.py (to report broken ones)."""
+    root = Path(methods_dir)
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err}). Fix the syntax of this file.") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values at the top level, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """A new dict: ``override`` wins; nested mappings are merged, everything else replaced."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def selected_methods(config: dict, methods_dir: str | Path) -> list[str]:
+    """The methods a config asks for (``methods: all`` means every discovered folder)."""
+    found = discover_methods(methods_dir)
+    wanted = config.get("methods", "all")
+    if wanted == "all":
+        return found
+    unknown = [m for m in wanted if m not in found]
+    if unknown:
+        raise ConfigError(
+            f"config key `methods`: unknown method(s) {unknown}; known methods (folders under "
+            f"{methods_dir} with a method.py): {found}"
+        )
+    return list(wanted)
+
+
+def resolve_method_config(config: dict, methods_dir: str | Path, method: str) -> dict:
+    """The full settings of one method's training run."""
+    folder = Path(methods_dir) / method
+    method_file = folder / "config.yaml"
+    own = load_yaml(method_file) if method_file.exists() else {}
+    overrides = config.get("method_overrides", {}).get(method, {}) or {}
+    for key in overrides:
+        if key not in own and key not in METHOD_SECTIONS:
+            raise ConfigError(
+                f"config key `method_overrides.{method}.{key}`: {method} has no setting {key!r}; "
+                f"its settings (in {method_file}) are {sorted(own)} plus {list(METHOD_SECTIONS)}"
+            )
+    merged = deep_merge(own, overrides)
+    train = deep_merge(config["train"], merged.pop("train", {}) or {})
+    unknown_train = sorted(set(train) - set(config["train"]))
+    if unknown_train:
+        raise ConfigError(
+            f"{method_file}: unknown key(s) {unknown_train} under `train`; known: {sorted(config['train'])}"
+        )
+    augment = merged.pop("augment", {}) or {}
+    return {
+        "method": method,
+        "dataset": copy.deepcopy(config["dataset"]),
+        "backbone": copy.deepcopy(config["backbone"]),
+        "train": train,
+        "augment": augment,
+        "params": merged,
+    }

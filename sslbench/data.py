@@ -1,0 +1,584 @@
+"""Dataset registry: fixed train/test splits read from each dataset's own on-disk format.
+
+Every loader returns a `Dataset` whose `train` and `test` are `ImageSet`s. Small datasets are
+held in memory as uint8 tensors (resized once, at load time, when another size is asked for);
+folder datasets (ImageNet, Places205, VOC07) keep file paths and decode in `ImageSet.load`.
+
+Files are read by our own parsers, not torchvision's dataset classes: those verify MD5 sums of
+the official archives, which real-format test files (and trimmed local copies) cannot pass.
+torchvision is used only to download, and only when `download=True`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import inspect
+import os
+import pickle
+import struct
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+
+class DatasetError(ValueError):
+    """A dataset is unknown, missing or damaged; the message names the paths and the fix."""
+
+
+# Where `root=None` points for datasets that live under a data folder (the repo ignores ./data).
+DATA_ROOT_ENV = "SSLBENCH_DATA"
+DEFAULT_DATA_ROOT = "data"
+# Output size of `load()` for lazily decoded folder datasets when none is given.
+DEFAULT_LAZY_IMAGE_SIZE = 224
+# Where Debian's `dataset-fashion-mnist` package installs the IDX files.
+FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+# --------------------------------------------------------------------------- containers
+
+
+@dataclass
+class ImageSet:
+    """One split: labels plus either the images in memory or the paths to decode them from."""
+
+    labels: torch.Tensor
+    images: torch.Tensor | None = None
+    paths: list[str] | None = None
+    image_size: int | None = None
+    channels: int = 3
+
+    def __post_init__(self):
+        if (self.images is None) == (self.paths is None):
+            raise ValueError("ImageSet needs exactly one of `images` (in memory) or `paths` (lazy)")
+        count = len(self.images) if self.images is not None else len(self.paths)
+        if len(self.labels) != count:
+            raise ValueError(f"ImageSet has {len(self.labels)} labels for {count} images")
+        if self.paths is not None and self.image_size is None:
+            raise ValueError("a lazily decoded ImageSet (paths) needs `image_size`")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def load(self, indices) -> torch.Tensor:
+        """uint8 [b, C, H, W] for `indices` (ints, a sequence, a tensor or a slice)."""
+        index = _index_tensor(indices, len(self))
+        if self.images is not None:
+            return self.images[index]
+        if len(index) == 0:
+            return torch.empty((0, self.channels, self.image_size, self.image_size), dtype=torch.uint8)
+        return torch.stack(
+            [decode_image(self.paths[i], self.image_size, self.channels) for i in index.tolist()]
+        )
+
+
+@dataclass
+class Dataset:
+    name: str
+    train: ImageSet
+    test: ImageSet
+    num_classes: int
+    channels: int
+    image_size: int  # size of the images load() returns
+    multilabel: bool = False
+    class_names: list[str] | None = None
+
+
+def _index_tensor(indices, length: int) -> torch.Tensor:
+    if isinstance(indices, slice):
+        return torch.arange(length)[indices]
+    return torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+
+
+# --------------------------------------------------------------------------- image helpers
+
+
+def decode_image(path: str, size: int, channels: int = 3) -> torch.Tensor:
+    """Decode with PIL, resize the shorter side to `size`, centre-crop to size x size: uint8 [C, size, size]."""
+    mode = {1: "L", 3: "RGB"}[channels]
+    try:
+        with Image.open(path) as opened:
+            image = opened.convert(mode)  # convert() forces the full decode, so damage shows here
+    except (OSError, SyntaxError, ValueError) as error:
+        raise DatasetError(f"{path}: cannot decode image ({error}); the file is damaged or truncated") from error
+    width, height = image.size
+    scale = size / min(width, height)
+    new_width, new_height = max(size, round(width * scale)), max(size, round(height * scale))
+    if (new_width, new_height) != (width, height):
+        image = image.resize((new_width, new_height), Image.Resampling.BILINEAR)
+    left, top = (new_width - size) // 2, (new_height - size) // 2
+    image = image.crop((left, top, left + size, top + size))
+    array = np.asarray(image, dtype=np.uint8).reshape(size, size, channels)
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+
+
+def resize_images(images: torch.Tensor, size: int, chunk: int = 1024) -> torch.Tensor:
+    """Bilinear, antialiased resize of uint8 [N, C, H, W] to [N, C, size, size], back to uint8."""
+    if images.shape[-2:] == (size, size):
+        return images
+    out = torch.empty((len(images), images.shape[1], size, size), dtype=torch.uint8)
+    for start in range(0, len(images), chunk):  # chunks bound the float32 copy's memory
+        batch = images[start : start + chunk].float()
+        resized = F.interpolate(batch, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        out[start : start + chunk] = resized.round().clamp(0, 255).to(torch.uint8)
+    return out
+
+
+def _in_memory(images: np.ndarray, labels: np.ndarray) -> ImageSet:
+    images = torch.from_numpy(np.ascontiguousarray(images, dtype=np.uint8))
+    return ImageSet(labels=torch.from_numpy(labels.astype(np.int64)), images=images, channels=images.shape[1])
+
+
+# --------------------------------------------------------------------------- locating files
+
+
+def _data_root(root) -> Path:
+    if root is not None:
+        return Path(root).expanduser()
+    return Path(os.environ.get(DATA_ROOT_ENV, DEFAULT_DATA_ROOT)).expanduser()
+
+
+def _find(folder: Path, name: str, allow_gz: bool = False) -> Path | None:
+    for candidate in [folder / name] + ([folder / f"{name}.gz"] if allow_gz else []):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _locate(dataset: str, folders: list[Path], names: list[str], how_to_get: str, allow_gz: bool = False) -> dict[str, Path]:
+    """Paths of `names` in the first folder that holds them all; else an error listing what each lacks."""
+    for folder in folders:
+        found = {name: _find(folder, name, allow_gz) for name in names}
+        if all(found.values()):
+            return found
+    report = "\n".join(
+        f"  {folder}: missing {', '.join(n for n in names if _find(folder, n, allow_gz) is None)}" for folder in folders
+    )
+    raise DatasetError(f"{dataset}: dataset files not found. Looked in:\n{report}\nTo get them: {how_to_get}")
+
+
+def _download_hint(dataset: str, folder: Path) -> str:
+    return (
+        f"call load_dataset({dataset!r}, root=..., download=True) (or `--download`) to fetch them with torchvision "
+        f"into {folder}, or pass root= pointing at a folder that holds them"
+    )
+
+
+def _torchvision_download(class_name: str, root: Path, *variants: dict) -> None:
+    """Download with torchvision's dataset class (which verifies the archive's MD5), once per variant."""
+    import torchvision.datasets
+
+    root.mkdir(parents=True, exist_ok=True)
+    for arguments in variants:
+        getattr(torchvision.datasets, class_name)(str(root), download=True, **arguments)
+
+
+def _locate_or_download(dataset, folders, names, download, fetch: Callable[[], None], how_to_get, allow_gz=False):
+    try:
+        return _locate(dataset, folders, names, how_to_get, allow_gz)
+    except DatasetError:
+        if not download:
+            raise
+    fetch()
+    return _locate(dataset, folders, names, how_to_get, allow_gz)
+
+
+# --------------------------------------------------------------------------- digits
+
+
+def _load_digits(root=None, download=False, image_size=None) -> Dataset:
+    """scikit-learn's bundled 8x8 digits; fixed stratified 75/25 split (1347 / 450)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # 0..16 -> 0..255
+    labels = bunch.target
+    train, test = train_test_split(np.arange(len(labels)), test_size=0.25, random_state=0, stratify=labels)
+    return Dataset(
+        name="digits",
+        train=_in_memory(images[train], labels[train]),
+        test=_in_memory(images[test], labels[test]),
+        num_classes=10,
+        channels=1,
+        image_size=8,
+        class_names=[str(d) for d in range(10)],
+    )
+
+
+# --------------------------------------------------------------------------- fashion_mnist (IDX)
+
+FASHION_MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]
+
+
+def read_idx(path, expected_ndim: int) -> np.ndarray:
+    """Parse an IDX file of unsigned bytes (optionally gzipped): magic 0x0000 08 <ndim>, big-endian dims, data."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as handle:
+            raw = handle.read()
+    except (OSError, EOFError) as error:  # bad or truncated gzip stream
+        raise DatasetError(f"{path}: cannot read ({error}); the file is damaged or truncated, fetch it again") from error
+    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != 0x08:
+        raise DatasetError(f"{path}: not an IDX file of unsigned bytes (magic {raw[:4].hex() or 'missing'}, expected 000008..)")
+    if raw[3] != expected_ndim:
+        raise DatasetError(f"{path}: IDX file has {raw[3]} dimensions, expected {expected_ndim}")
+    header = 4 + 4 * expected_ndim
+    if len(raw) < header:
+        raise DatasetError(f"{path}: truncated IDX header ({len(raw)} bytes); fetch the file again")
+    dims = struct.unpack(f">{expected_ndim}I", raw[4:header])
+    expected_bytes = header + int(np.prod(dims))
+    if len(raw) != expected_bytes:
+        raise DatasetError(
+            f"{path}: header declares shape {dims} ({expected_bytes} bytes) but the file has {len(raw)} bytes; "
+            "it is truncated or damaged, fetch it again"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()
+
+
+def _read_idx_split(images_path: Path, labels_path: Path) -> ImageSet:
+    images = read_idx(images_path, 3)
+    labels = read_idx(labels_path, 1)
+    if len(images) != len(labels):
+        raise DatasetError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+    return _in_memory(images[:, None], labels)
+
+
+def _load_fashion_mnist(root=None, download=False, image_size=None) -> Dataset:
+    folders = [Path(root), Path(root) / "FashionMNIST" / "raw"] if root is not None else []
+    folders.append(FASHION_MNIST_SYSTEM_DIR)
+    download_root = _data_root(root)
+    how = (
+        "`apt-get install dataset-fashion-mnist` (installs them in "
+        f"{FASHION_MNIST_SYSTEM_DIR}), or pass root= pointing at a folder holding the four IDX files "
+        f"(optionally .gz), or download=True to fetch them with torchvision into {download_root / 'FashionMNIST' / 'raw'}"
+    )
+    if download:
+        folders.append(download_root / "FashionMNIST" / "raw")
+    found = _locate_or_download(
+        "fashion_mnist", folders, list(FASHION_MNIST_FILES.values()), download,
+        lambda: _torchvision_download("FashionMNIST", download_root, {"train": True}, {"train": False}), how, allow_gz=True,
+    )
+    paths = {key: found[name] for key, name in FASHION_MNIST_FILES.items()}
+    return Dataset(
+        name="fashion_mnist",
+        train=_read_idx_split(paths["train_images"], paths["train_labels"]),
+        test=_read_idx_split(paths["test_images"], paths["test_labels"]),
+        num_classes=10,
+        channels=1,
+        image_size=28,
+        class_names=list(FASHION_MNIST_CLASSES),
+    )
+
+
+# --------------------------------------------------------------------------- cifar10 / cifar100 (python pickles)
+
+CIFAR_PIXELS = 3 * 32 * 32
+
+
+def _read_pickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            content = pickle.load(handle, encoding="bytes")  # the official files are Python 2 pickles
+    except Exception as error:  # a damaged pickle fails in many ways (EOFError, UnpicklingError, ValueError...)
+        raise DatasetError(f"{path}: cannot unpickle ({error!r}); the file is damaged or truncated, fetch it again") from error
+    if not isinstance(content, dict):
+        raise DatasetError(f"{path}: expected a pickled dict, found {type(content).__name__}")
+    return {key.decode() if isinstance(key, bytes) else key: value for key, value in content.items()}
+
+
+def _read_cifar_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    batch = _read_pickle(path)
+    for key in ("data", label_key):
+        if key not in batch:
+            raise DatasetError(f"{path}: key b'{key}' missing (keys: {sorted(batch)}); not a CIFAR batch")
+    data = np.asarray(batch["data"], dtype=np.uint8)
+    labels = np.asarray(batch[label_key], dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != CIFAR_PIXELS or len(data) != len(labels):
+        raise DatasetError(
+            f"{path}: b'data' has shape {data.shape} and b'{label_key}' {len(labels)} entries; "
+            f"expected [N, {CIFAR_PIXELS}] and N labels"
+        )
+    return data.reshape(-1, 3, 32, 32), labels  # rows hold the 1024 R, then G, then B values, row-major
+
+
+def _class_names(meta_path: Path, key: str) -> list[str] | None:
+    if not meta_path.exists():
+        return None
+    names = _read_pickle(meta_path).get(key)
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in names] if names is not None else None
+
+
+def _cifar_split(paths: list[Path], label_key: str) -> ImageSet:
+    batches = [_read_cifar_batch(path, label_key) for path in paths]
+    return _in_memory(np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches]))
+
+
+def _load_cifar(name, folder_name, train_files, test_files, label_key, meta_file, names_key, num_classes,
+                torchvision_class, root, download) -> Dataset:
+    base = _data_root(root)
+    found = _locate_or_download(
+        name, [base / folder_name, base], train_files + test_files, download,
+        lambda: _torchvision_download(torchvision_class, base, {"train": True}), _download_hint(name, base),
+    )
+    folder = found[train_files[0]].parent
+    return Dataset(
+        name=name,
+        train=_cifar_split([found[f] for f in train_files], label_key),
+        test=_cifar_split([found[f] for f in test_files], label_key),
+        num_classes=num_classes,
+        channels=3,
+        image_size=32,
+        class_names=_class_names(folder / meta_file, names_key),
+    )
+
+
+def _load_cifar10(root=None, download=False, image_size=None) -> Dataset:
+    return _load_cifar(
+        "cifar10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
+        "labels", "batches.meta", "label_names", 10, "CIFAR10", root, download,
+    )
+
+
+def _load_cifar100(root=None, download=False, image_size=None) -> Dataset:
+    return _load_cifar(
+        "cifar100", "cifar-100-python", ["train"], ["test"],
+        "fine_labels", "meta", "fine_label_names", 100, "CIFAR100", root, download,
+    )
+
+
+# --------------------------------------------------------------------------- stl10 (binary)
+
+STL_SHAPE = (3, 96, 96)
+STL_CLASSES = ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"]
+STL_FILES = ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin"]
+
+
+def _read_stl_split(images_path: Path, labels_path: Path) -> ImageSet:
+    raw = np.fromfile(images_path, dtype=np.uint8)
+    per_image = int(np.prod(STL_SHAPE))
+    if raw.size == 0 or raw.size % per_image:
+        raise DatasetError(
+            f"{images_path}: {raw.size} bytes is not a whole number of 3x96x96 images ({per_image} bytes each); "
+            "the file is truncated, fetch it again"
+        )
+    # Each channel is stored column-major: the file reads as [N, C, W, H].
+    images = raw.reshape(-1, *STL_SHAPE).transpose(0, 1, 3, 2)
+    labels = np.fromfile(labels_path, dtype=np.uint8).astype(np.int64)
+    if len(labels) != len(images):
+        raise DatasetError(f"{labels_path}: {len(labels)} labels for the {len(images)} images in {images_path}")
+    if len(labels) and (labels.min() < 1 or labels.max() > 10):
+        raise DatasetError(f"{labels_path}: labels must be 1..10, found {labels.min()}..{labels.max()}")
+    return _in_memory(images, labels - 1)
+
+
+def _load_stl10(root=None, download=False, image_size=None) -> Dataset:
+    base = _data_root(root)
+    found = _locate_or_download(
+        "stl10", [base / "stl10_binary", base], STL_FILES, download,
+        lambda: _torchvision_download("STL10", base, {"split": "train"}), _download_hint("stl10", base),
+    )
+    names_file = found["train_X.bin"].parent / "class_names.txt"
+    class_names = names_file.read_text().split() if names_file.exists() else list(STL_CLASSES)
+    return Dataset(
+        name="stl10",
+        train=_read_stl_split(found["train_X.bin"], found["train_y.bin"]),
+        test=_read_stl_split(found["test_X.bin"], found["test_y.bin"]),
+        num_classes=10,
+        channels=3,
+        image_size=96,
+        class_names=class_names,
+    )
+
+
+# --------------------------------------------------------------------------- imagefolder (ImageNet, ImageNet-100, Places205)
+
+
+def _image_files(folder: Path) -> list[str]:
+    files = []
+    for directory, subdirs, names in os.walk(folder, followlinks=True):
+        subdirs.sort()
+        files += [os.path.join(directory, n) for n in sorted(names) if n.lower().endswith(IMAGE_EXTENSIONS)]
+    return files
+
+
+def _read_classes_file(path) -> list[str]:
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"classes_file {path} not found (expected one class folder name, e.g. a wnid, per line)")
+    return sorted({line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")})
+
+
+def _folder_split(split_dir: Path, classes: list[str], image_size: int, restrict: bool) -> ImageSet:
+    class_dirs = sorted(d.name for d in split_dir.iterdir() if d.is_dir())
+    unknown = [d for d in class_dirs if d not in classes]
+    if unknown and not restrict:
+        raise DatasetError(f"{split_dir}: class folders {unknown[:5]} have no counterpart in the training folder")
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        if (split_dir / name).is_dir():
+            files = _image_files(split_dir / name)
+            paths += files
+            labels += [label] * len(files)
+    if not paths:
+        raise DatasetError(f"{split_dir}: no images ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
+    return ImageSet(labels=torch.tensor(labels, dtype=torch.int64), paths=paths, image_size=image_size)
+
+
+def _load_imagefolder(root=None, download=False, image_size=None, classes_file=None, train_dir="train", test_dir="val") -> Dataset:
+    """root/<train_dir>/<class>/* and root/<test_dir>/<class>/*; classes sorted; decoded lazily."""
+    if root is None:
+        raise DatasetError("imagefolder needs root= : a folder holding train/<class>/* and val/<class>/*")
+    base = Path(root).expanduser()
+    split_dirs = {"train": base / train_dir, "test": base / test_dir}
+    missing = [str(d) for d in split_dirs.values() if not d.is_dir()]
+    if missing:
+        raise DatasetError(
+            f"imagefolder: missing folder(s) {', '.join(missing)}. Expected {base}/{train_dir}/<class>/<image> and "
+            f"{base}/{test_dir}/<class>/<image> (ImageNet: extract the official archives and sort val/ into class "
+            "folders); these datasets cannot be downloaded automatically"
+        )
+    classes = sorted(d.name for d in split_dirs["train"].iterdir() if d.is_dir())
+    if classes_file is not None:
+        wanted = _read_classes_file(classes_file)
+        absent = [c for c in wanted if c not in classes]
+        if absent:
+            raise DatasetError(f"classes_file {classes_file}: classes {absent[:5]} have no folder in {split_dirs['train']}")
+        classes = wanted
+    if not classes:
+        raise DatasetError(f"{split_dirs['train']}: no class folders")
+    size = image_size or DEFAULT_LAZY_IMAGE_SIZE
+    restrict = classes_file is not None
+    return Dataset(
+        name="imagefolder",
+        train=_folder_split(split_dirs["train"], classes, size, restrict),
+        test=_folder_split(split_dirs["test"], classes, size, restrict),
+        num_classes=len(classes),
+        channels=3,
+        image_size=size,
+        class_names=classes,
+    )
+
+
+# --------------------------------------------------------------------------- voc07 (multilabel)
+
+VOC_CLASSES = [
+    "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
+]
+VOC_PRESENT, VOC_DIFFICULT_ONLY, VOC_ABSENT = 1, 0, -1
+
+
+def voc_labels(annotation_path) -> np.ndarray:
+    """int8 [20] from one VOC XML: 1 = a non-difficult object, 0 = only difficult ones, -1 = absent."""
+    try:
+        tree = ET.parse(annotation_path)
+    except (ET.ParseError, OSError) as error:
+        raise DatasetError(f"{annotation_path}: cannot parse annotation ({error}); the file is missing or damaged") from error
+    labels = np.full(len(VOC_CLASSES), VOC_ABSENT, dtype=np.int8)
+    for obj in tree.getroot().iter("object"):
+        name = (obj.findtext("name") or "").strip()
+        if name not in VOC_CLASSES:
+            raise DatasetError(f"{annotation_path}: unknown VOC class {name!r}")
+        difficult = (obj.findtext("difficult") or "0").strip() == "1"
+        k = VOC_CLASSES.index(name)
+        if not difficult:
+            labels[k] = VOC_PRESENT
+        else:
+            labels[k] = VOC_DIFFICULT_ONLY
+    return labels
+
+
+def _voc_split(voc: Path, ids_file: Path, image_size: int) -> ImageSet:
+    ids = [line.strip() for line in ids_file.read_text().splitlines() if line.strip()]
+    if not ids:
+        raise DatasetError(f"{ids_file}: lists no images")
+    paths = [str(voc / "JPEGImages" / f"{i}.jpg") for i in ids]
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise DatasetError(f"{len(missing)} images listed in {ids_file} are missing, e.g. {missing[0]}")
+    labels = np.stack([voc_labels(voc / "Annotations" / f"{i}.xml") for i in ids])
+    return ImageSet(labels=torch.from_numpy(labels), paths=paths, image_size=image_size)
+
+
+def _load_voc07(root=None, download=False, image_size=None) -> Dataset:
+    """VOC 2007 in torchvision's layout: trainval as train, test as test; multilabel, decoded lazily."""
+    base = _data_root(root)
+    split_files = {"train": "ImageSets/Main/trainval.txt", "test": "ImageSets/Main/test.txt"}
+    found = _locate_or_download(
+        "voc07", [base / "VOCdevkit" / "VOC2007", base], [*split_files.values(), "JPEGImages", "Annotations"], download,
+        lambda: _torchvision_download(
+            "VOCDetection", base, {"year": "2007", "image_set": "trainval"}, {"year": "2007", "image_set": "test"}
+        ),
+        _download_hint("voc07", base),
+    )
+    voc = found["JPEGImages"].parent
+    size = image_size or DEFAULT_LAZY_IMAGE_SIZE
+    return Dataset(
+        name="voc07",
+        train=_voc_split(voc, found[split_files["train"]], size),
+        test=_voc_split(voc, found[split_files["test"]], size),
+        num_classes=len(VOC_CLASSES),
+        channels=3,
+        image_size=size,
+        multilabel=True,
+        class_names=list(VOC_CLASSES),
+    )
+
+
+# --------------------------------------------------------------------------- registry
+
+DATASETS: dict[str, Callable[..., Dataset]] = {
+    "digits": _load_digits,
+    "fashion_mnist": _load_fashion_mnist,
+    "cifar10": _load_cifar10,
+    "cifar100": _load_cifar100,
+    "stl10": _load_stl10,
+    "imagefolder": _load_imagefolder,
+    "voc07": _load_voc07,
+}
+_COMMON_ARGUMENTS = {"root", "download", "image_size"}
+
+
+def load_dataset(name: str, root: str | None = None, download: bool = False, image_size: int | None = None,
+                 **options) -> Dataset:
+    """Load a registered dataset with its fixed train/test split.
+
+    In-memory sets are resized once here when `image_size` differs from their native size;
+    lazy sets decode at `image_size`. `options` go to the loader (imagefolder: classes_file, ...).
+    """
+    if name not in DATASETS:
+        raise DatasetError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(DATASETS))}")
+    loader = DATASETS[name]
+    accepted = set(inspect.signature(loader).parameters) - _COMMON_ARGUMENTS
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise DatasetError(f"dataset {name!r} takes no option(s) {unknown}; it accepts {sorted(accepted) or 'none'}")
+    if image_size is not None and int(image_size) < 1:
+        raise DatasetError(f"image_size must be a positive integer, got {image_size!r}")
+    dataset = loader(root=root, download=download, image_size=image_size, **options)
+    if image_size is not None and dataset.image_size != image_size:
+        dataset = _resized(dataset, int(image_size))
+    return dataset
+
+
+def _resized(dataset: Dataset, size: int) -> Dataset:
+    def resize(split: ImageSet) -> ImageSet:
+        return dataclasses.replace(split, images=resize_images(split.images, size))
+
+    return dataclasses.replace(dataset, train=resize(dataset.train), test=resize(dataset.test), image_size=size)

@@ -1,0 +1,313 @@
+"""The one training loop every method shares.
+
+The engine owns: data order and views, the optimiser and its schedule, devices
+(bf16 autocast and channels_last on CUDA), per-epoch atomic checkpoints and
+resume, the epoch log, and divergence checks.  A method only computes its loss
+and hooks the start of an epoch and the end of a step (see ``sslbench.method``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import io
+from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
+from .backbones import create_backbone
+from .data import Dataset, load_dataset
+from .method import DataInfo, EpochContext, Method
+from .plugins import load_method_class
+from .provenance import provenance
+
+CHECKPOINT_DIR = "checkpoints"
+KEEP_CHECKPOINTS = 2
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def select_device(requested: str = "auto") -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed torch's global RNG (weights, dropout) and return the generator for data order and views."""
+    torch.manual_seed(seed)
+    generator = torch.Generator()
+    generator.manual_seed(seed + 1_000_003)
+    return generator
+
+
+def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) -> Method:
+    """Backbone from the config, handed to the method plugin; weights seeded by ``seed``."""
+    torch.manual_seed(seed)
+    cls = load_method_class(method_dir)
+    backbone = create_backbone(
+        cfg["backbone"]["name"], in_chans=data.channels, small_stem=cfg["backbone"].get("small_stem", False)
+    )
+    info = DataInfo(num_classes=data.num_classes, num_train=len(data.train), channels=data.channels,
+                    image_size=data.image_size)
+    return cls(backbone, info, cfg)
+
+
+def load_data(cfg: dict) -> Dataset:
+    d = cfg["dataset"]
+    return load_dataset(d["name"], root=d.get("root"), download=d.get("download", False),
+                        image_size=d.get("image_size"))
+
+
+def normalisation(data: Dataset) -> tuple[list[float], list[float]]:
+    return dataset_stats(data.channels, data.train.images)
+
+
+def make_optimizer(params, train: dict) -> torch.optim.Optimizer:
+    name = train["optimizer"]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=train["lr"], momentum=train["momentum"],
+                               weight_decay=train["weight_decay"])
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"])
+    raise ValueError(f"config key `train.optimizer`: unknown optimiser {name!r}; known: sgd, adamw")
+
+
+def learning_rate(train: dict, step: int, steps_per_epoch: int) -> float:
+    """Linear warm-up, then cosine to zero, ×0.1 steps at milestones, or constant."""
+    base = train["lr"]
+    epoch = step / steps_per_epoch
+    warmup = train.get("warmup_epochs", 0)
+    if epoch < warmup:
+        return base * (step + 1) / (warmup * steps_per_epoch)
+    schedule = train["schedule"]
+    if schedule == "cosine":
+        progress = (epoch - warmup) / max(1e-12, train["epochs"] - warmup)
+        return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    if schedule == "step":
+        return base * 0.1 ** sum(epoch >= m for m in train.get("milestones", []))
+    if schedule == "constant":
+        return base
+    raise ValueError(f"config key `train.schedule`: unknown schedule {schedule!r}; known: cosine, step, constant")
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # completed epochs
+    step: int = 0
+    last_finite_loss: float | None = None
+
+
+class Trainer:
+    """Trains one (method, seed) and writes ``out_dir/checkpoint.pt``."""
+
+    def __init__(self, method_dir: str | Path, cfg: dict, seed: int, out_dir: str | Path,
+                 device: str = "auto", progress: bool = True):
+        self.cfg, self.seed, self.out_dir = cfg, seed, Path(out_dir)
+        self.train_cfg = cfg["train"]
+        self.device = select_device(device)
+        self.progress = progress
+        self.data = load_data(cfg)
+        self.generator = seed_everything(seed)
+        self.method = build_method(method_dir, cfg, self.data, seed).to(self.device)
+        mean, std = normalisation(self.data)
+        size, channels = self.data.image_size, self.data.channels
+        views = view_config(**cfg.get("augment", {}))
+        self.augment = ViewAugment(size, channels, mean, std, views).to(self.device)
+        self.eval_transform = EvalTransform(size, channels, mean, std).to(self.device)
+        self.on_cuda = self.device.type == "cuda"
+        if self.on_cuda and self.train_cfg.get("channels_last", True):
+            self.method.to(memory_format=torch.channels_last)
+        self.images = self.data.train.images.to(self.device)
+        self.labels = self.data.train.labels.to(self.device)
+        self.batch_size = int(self.train_cfg["batch_size"])
+        if self.batch_size > len(self.labels):
+            raise ValueError(
+                f"config key `train.batch_size` = {self.batch_size} exceeds the {len(self.labels)} training "
+                f"images of {cfg['dataset']['name']}; use a batch size of at most {len(self.labels)}"
+            )
+        self.steps_per_epoch = len(self.labels) // self.batch_size  # drop_last: fixed-size batches (queues)
+        params = [p for p in self.method.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(params, self.train_cfg) if params else None
+        self.state = TrainState()
+        self.log_rows: list[dict] = []
+
+    # --- data -------------------------------------------------------------------------------
+    def _views(self, images: torch.Tensor) -> list[torch.Tensor]:
+        views = [self.augment(images, self.generator) for _ in range(self.method.num_views)]
+        if self.on_cuda and self.train_cfg.get("channels_last", True):
+            views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+        return views
+
+    @torch.no_grad()
+    def forward_train_set(self, fn) -> torch.Tensor:
+        """``fn`` on every training image (evaluation transform, dataset order)."""
+        was_training = self.method.training
+        self.method.eval()
+        outputs = []
+        for start in range(0, len(self.images), 1024):
+            x = self.eval_transform(self.images[start:start + 1024])
+            with self._autocast():
+                outputs.append(fn(x).float())
+        self.method.train(was_training)
+        return torch.cat(outputs)
+
+    def _autocast(self):
+        enabled = self.on_cuda and self.train_cfg.get("amp", True)
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def _context(self) -> EpochContext:
+        return EpochContext(epoch=self.state.epoch, num_epochs=self.train_cfg["epochs"], step=self.state.step,
+                            steps_per_epoch=self.steps_per_epoch, device=self.device,
+                            forward_train_set=self.forward_train_set)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def _checkpoint(self) -> dict:
+        return {
+            "epoch": self.state.epoch, "step": self.state.step, "last_finite_loss": self.state.last_finite_loss,
+            "method_state": self.method.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "rng": {"torch": torch.get_rng_state(), "generator": self.generator.get_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if self.on_cuda else None},
+            "log": self.log_rows, "cfg": self.cfg, "seed": self.seed,
+        }
+
+    def _save_epoch_checkpoint(self) -> None:
+        folder = self.out_dir / CHECKPOINT_DIR
+        io.save_torch(folder / f"epoch_{self.state.epoch:04d}.pt", self._checkpoint())
+        for old in sorted(folder.glob("epoch_*.pt"))[:-KEEP_CHECKPOINTS]:
+            old.unlink()
+
+    def resume(self) -> bool:
+        """Restore the newest checkpoint that loads; a corrupt one is skipped with a warning."""
+        for path in sorted((self.out_dir / CHECKPOINT_DIR).glob("epoch_*.pt"), reverse=True):
+            try:
+                ckpt = torch.load(path, map_location=self.device, weights_only=False)
+                if ckpt.get("cfg") != self.cfg or ckpt.get("seed") != self.seed:
+                    print(f"[sslbench] ignoring {path}: written with other settings")
+                    continue
+                self.method.load_state_dict(ckpt["method_state"])
+            except Exception as err:  # truncated or corrupt file: fall back to an older one
+                print(f"[sslbench] ignoring unreadable checkpoint {path}: {type(err).__name__}: {err}")
+                continue
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(ckpt["optimizer"])
+            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+            self.generator.set_state(ckpt["rng"]["generator"].cpu())
+            if self.on_cuda and ckpt["rng"]["cuda"] is not None:
+                torch.cuda.set_rng_state_all([s.cpu() for s in ckpt["rng"]["cuda"]])
+            self.state = TrainState(ckpt["epoch"], ckpt["step"], ckpt["last_finite_loss"])
+            self.log_rows = ckpt["log"]
+            print(f"[sslbench] resumed from {path} (epoch {self.state.epoch})")
+            return True
+        return False
+
+    # --- the loop ---------------------------------------------------------------------------
+    def _check_finite(self, loss: torch.Tensor, batch: int) -> float:
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise TrainingDiverged(
+                f"{self.cfg['method']}: loss is {value} at epoch {self.state.epoch + 1}, step {batch + 1} "
+                f"(global step {self.state.step}); last finite loss {self.state.last_finite_loss}. "
+                f"The last good checkpoint is kept in {self.out_dir / CHECKPOINT_DIR}. "
+                "Lower `train.lr` or check the method's loss."
+            )
+        self.state.last_finite_loss = value
+        return value
+
+    def train_epoch(self) -> dict:
+        epoch = self.state.epoch
+        self.method.train()
+        ctx = self._context()
+        t0 = time.perf_counter()
+        self.method.on_epoch_start(ctx)
+        hook_seconds = time.perf_counter() - t0
+        order = torch.randperm(len(self.labels), generator=self.generator).to(self.device)
+        total, seen = 0.0, 0
+        t_steps = time.perf_counter()
+        bar = tqdm(range(self.steps_per_epoch), desc=f"{self.cfg['method']} epoch {epoch + 1}",
+                   disable=not self.progress, leave=False)
+        for batch in bar:
+            idx = order[batch * self.batch_size:(batch + 1) * self.batch_size]
+            lr = learning_rate(self.train_cfg, self.state.step, self.steps_per_epoch)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            views = self._views(self.images[idx])
+            labels = self.labels[idx] if self.method.needs_labels else None
+            with self._autocast():
+                loss = self.method.training_loss(views, labels, idx)
+            value = self._check_finite(loss, batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.state.step += 1
+            ctx.step = self.state.step
+            self.method.on_step_end(ctx)
+            total += value
+            seen += len(idx)
+            bar.set_postfix(loss=f"{value:.4f}")
+        if self.on_cuda:
+            torch.cuda.synchronize()
+        step_seconds = time.perf_counter() - t_steps
+        self.state.epoch += 1
+        row = {"epoch": self.state.epoch, "loss": total / self.steps_per_epoch, "lr": lr,
+               "images_per_s": seen / step_seconds, "seconds": step_seconds + hook_seconds,
+               "hook_seconds": hook_seconds, **ctx.log}
+        self.log_rows.append(row)
+        return row
+
+    def fit(self) -> Path:
+        """Train (resuming if possible) and write the final checkpoint; return its path."""
+        start = time.perf_counter()
+        self.resume()
+        epochs = self.train_cfg["epochs"] if self.method.trains else 0
+        if self.progress:
+            print(f"[sslbench] {self.cfg['method']} seed {self.seed}: {epochs} epochs × "
+                  f"{self.steps_per_epoch} steps on {self.device}")
+        while self.state.epoch < epochs:
+            row = self.train_epoch()
+            self._save_epoch_checkpoint()
+            self._write_log()
+            if self.progress:
+                print(f"[sslbench] epoch {row['epoch']}/{epochs} loss {row['loss']:.4f} "
+                      f"{row['images_per_s']:.0f} img/s")
+        self._write_log()
+        return self._save_final(time.perf_counter() - start)
+
+    def _write_log(self) -> None:
+        import pandas as pd
+
+        columns = ["epoch", "loss", "lr", "images_per_s", "seconds", "hook_seconds"]
+        frame = pd.DataFrame(self.log_rows, columns=None if self.log_rows else columns)
+        io.write_text(self.out_dir / "train_log.csv", frame.to_csv(index=False))
+
+    def _save_final(self, wall_time: float) -> Path:
+        peak = torch.cuda.max_memory_allocated(self.device) if self.on_cuda else None
+        meta = {
+            "method": self.cfg["method"], "dataset": self.cfg["dataset"]["name"], "seed": self.seed,
+            "epochs_trained": self.state.epoch, "steps": self.state.step, "batch_size": self.batch_size,
+            "image_size": self.data.image_size, "channels": self.data.channels,
+            "num_classes": self.data.num_classes, "backbone": self.cfg["backbone"]["name"],
+            "small_stem": bool(self.cfg["backbone"].get("small_stem", False)),
+            "train_wall_time_s": sum(r["seconds"] for r in self.log_rows) or wall_time,
+            "images_per_s": (sum(r["images_per_s"] for r in self.log_rows) / len(self.log_rows)
+                             if self.log_rows else None),
+            "peak_gpu_memory_bytes": peak,
+            **provenance(self.device),
+        }
+        mean, std = normalisation(self.data)
+        ckpt = {"encoder": self.method.encoder().state_dict(), "method_state": self.method.state_dict(),
+                "cfg": self.cfg, "seed": self.seed, "meta": meta, "normalisation": {"mean": mean, "std": std}}
+        path = self.out_dir / "checkpoint.pt"
+        io.save_torch(path, ckpt)
+        io.write_json(self.out_dir / "run.json", {"cfg": self.cfg, "meta": meta})
+        return path
+
+
+def pretrain(method_dir: str | Path, cfg: dict, seed: int, out_dir: str | Path, device: str = "auto",
+             progress: bool = True) -> Path:
+    return Trainer(method_dir, cfg, seed, out_dir, device=device, progress=progress).fit()

@@ -1,0 +1,182 @@
+"""Contrastive losses shared by the methods: pure functions of torch tensors.
+
+Every embedding passed in is assumed to be L2-normalised already. Every loss
+returns the mean over anchors as a 0-d tensor and is differentiable.
+
+- info_nce:   MoCo's InfoNCE with a queue of negatives (He et al., 2020).
+- supcon:     Supervised Contrastive loss (Khosla et al., 2020); with
+              labels=None it is SimCLR's NT-Xent (Chen et al., 2020).
+- proto_nce:  one clustering's ProtoNCE term of PCL (Li et al., 2021).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["info_nce", "supcon", "proto_nce", "sample_negative_prototypes"]
+
+
+def _require_2d(name: str, tensor: torch.Tensor) -> None:
+    if tensor.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D tensor [N, D], got shape {tuple(tensor.shape)}")
+
+
+def _require_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def info_nce(
+    query: torch.Tensor, key: torch.Tensor, negatives: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """MoCo's InfoNCE: query/key [B, D] (row i of key is query i's positive),
+    negatives [K, D] shared by every query (the queue; K may be 0).
+
+    Logits are [q·k, q·negatives] / T and the target is index 0.
+    """
+    _require_2d("query", query)
+    _require_2d("key", key)
+    _require_2d("negatives", negatives)
+    if key.shape != query.shape:
+        raise ValueError(f"key shape {tuple(key.shape)} must equal query shape {tuple(query.shape)}")
+    if negatives.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"negatives have dimension {negatives.shape[1]} but query has {query.shape[1]}"
+        )
+    _require_positive("temperature", temperature)
+    positive_logits = (query * key).sum(dim=1, keepdim=True)
+    negative_logits = query @ negatives.T
+    logits = torch.cat([positive_logits, negative_logits], dim=1) / temperature
+    targets = torch.zeros(query.shape[0], dtype=torch.long, device=query.device)
+    return F.cross_entropy(logits, targets)
+
+
+def supcon(
+    features: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    temperature: float = 0.07,
+    base_temperature: float = 0.07,
+    contrast_mode: str = "all",
+) -> torch.Tensor:
+    """Supervised contrastive loss, following HobbitLong/SupContrast.
+
+    features: [B, V, D], V views of each of B samples.
+    labels:   [B] class ids, or None for SimCLR's NT-Xent (a sample's positives
+              are only its own other views).
+    contrast_mode: "all" makes every view an anchor, "one" only the first view.
+
+    Each anchor is contrasted against all B*V views except itself; its loss is
+    minus the mean log-probability of its positives, scaled by
+    temperature / base_temperature. An anchor without any positive contributes
+    0 (it still counts in the mean), as in the official code.
+    """
+    if features.dim() != 3:
+        raise ValueError(
+            f"features must be [batch, views, dim], got shape {tuple(features.shape)}"
+        )
+    if contrast_mode not in ("all", "one"):
+        raise ValueError(f"contrast_mode must be 'all' or 'one', got {contrast_mode!r}")
+    _require_positive("temperature", temperature)
+    _require_positive("base_temperature", base_temperature)
+    batch_size, num_views, _ = features.shape
+    device = features.device
+
+    if labels is None:
+        same_sample = torch.eye(batch_size, dtype=torch.bool, device=device)
+    else:
+        labels = labels.reshape(-1)
+        if labels.shape[0] != batch_size:
+            raise ValueError(f"labels has {labels.shape[0]} entries but features has batch {batch_size}")
+        same_sample = labels[:, None] == labels[None, :]
+
+    # View-major order (all first views, then all second views, ...), so the
+    # first batch_size rows are exactly the first-view anchors of mode "one".
+    contrast = features.transpose(0, 1).reshape(batch_size * num_views, -1)
+    num_anchor_views = num_views if contrast_mode == "all" else 1
+    anchors = contrast[: batch_size * num_anchor_views]
+
+    logits = anchors @ contrast.T / temperature
+    num_anchors = anchors.shape[0]
+    not_self = torch.ones_like(logits, dtype=torch.bool)
+    not_self[torch.arange(num_anchors, device=device), torch.arange(num_anchors, device=device)] = False
+    positives = same_sample.repeat(num_anchor_views, num_views) & not_self
+
+    # logsumexp subtracts the row maximum over the contrast set (self removed).
+    # The official code subtracts a maximum that includes the self-similarity
+    # 1/T, so at small T every other term underflows and the loss turns NaN.
+    log_denominator = torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
+    log_prob = torch.where(positives, logits - log_denominator, torch.zeros_like(logits))
+    positives_per_anchor = positives.sum(dim=1).clamp_min(1)  # guard anchors without positives
+    mean_log_prob_pos = log_prob.sum(dim=1) / positives_per_anchor
+    return -(temperature / base_temperature) * mean_log_prob_pos.mean()
+
+
+def sample_negative_prototypes(
+    assignments: torch.Tensor,
+    num_prototypes: int,
+    r: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Draw r distinct prototype ids that are none of the batch's positives
+    (PCL's builder: negatives from the prototypes no sample of the batch is
+    assigned to, sampled without replacement). Returns a LongTensor [r] on
+    assignments' device; `generator` must be a CPU generator (it drives the
+    draw on the CPU)."""
+    assignments = assignments.reshape(-1)
+    is_positive = torch.zeros(num_prototypes, dtype=torch.bool)
+    is_positive[assignments.cpu()] = True
+    candidates = torch.nonzero(~is_positive).flatten()
+    if r < 0 or r > candidates.numel():
+        raise ValueError(
+            f"cannot sample num_negatives={r} prototypes: only {candidates.numel()} of "
+            f"{num_prototypes} are not a positive of this batch; lower num_negatives or use more clusters"
+        )
+    chosen = candidates[torch.randperm(candidates.numel(), generator=generator)[:r]]
+    return chosen.to(assignments.device)
+
+
+def proto_nce(
+    query: torch.Tensor,
+    prototypes: torch.Tensor,
+    assignments: torch.Tensor,
+    concentration: torch.Tensor,
+    num_negatives: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One clustering's ProtoNCE term.
+
+    query [B, D]; prototypes [k, D]; assignments [B] (long, the cluster of
+    each query); concentration [k] (phi of each cluster).
+
+    num_negatives=None: logits q·c_j / phi_j over every prototype and
+    cross-entropy towards the assigned one (PCL paper, eq. 10).
+    num_negatives=r: each row is [positive, r sampled negatives], each logit
+    divided by its own prototype's phi; the same r negatives (drawn by
+    `sample_negative_prototypes`) serve every query of the batch.
+    """
+    _require_2d("query", query)
+    _require_2d("prototypes", prototypes)
+    assignments = assignments.reshape(-1).long()
+    num_prototypes = prototypes.shape[0]
+    if assignments.shape[0] != query.shape[0]:
+        raise ValueError(f"assignments has {assignments.shape[0]} entries but query has {query.shape[0]} rows")
+    if concentration.shape != (num_prototypes,):
+        raise ValueError(
+            f"concentration must have shape [{num_prototypes}] (one phi per prototype), "
+            f"got {tuple(concentration.shape)}"
+        )
+    if assignments.numel() and (assignments.min() < 0 or assignments.max() >= num_prototypes):
+        raise ValueError(f"assignments must lie in [0, {num_prototypes}), the prototype ids")
+
+    if num_negatives is None:
+        logits = query @ prototypes.T / concentration[None, :]
+        return F.cross_entropy(logits, assignments)
+
+    negative_ids = sample_negative_prototypes(assignments, num_prototypes, num_negatives, generator)
+    positive_logits = (query * prototypes[assignments]).sum(dim=1, keepdim=True)
+    positive_logits = positive_logits / concentration[assignments, None]
+    negative_logits = query @ prototypes[negative_ids].T / concentration[None, negative_ids]
+    logits = torch.cat([positive_logits, negative_logits], dim=1)
+    targets = torch.zeros(query.shape[0], dtype=torch.long, device=query.device)
+    return F.cross_entropy(logits, targets)

@@ -1,0 +1,98 @@
+"""Result files and the long-format table built from them.
+
+One JSON per (dataset, method, seed, protocol) under
+``results/{dataset}/{method}/seed{seed}/eval/{protocol}.json``; ``collect`` turns
+them into ``results/table.csv`` with one row per metric and every setting that
+produced it.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from . import io
+from .provenance import provenance
+
+PROTOCOL_PACKAGE = "evaluation"
+
+# Columns first in the table; the rest follow in alphabetical order.
+KEY_COLUMNS = ["dataset", "method", "seed", "protocol", "metric", "value"]
+
+
+class ResultError(ValueError):
+    pass
+
+
+def protocol_module(name: str):
+    try:
+        return importlib.import_module(f"{PROTOCOL_PACKAGE}.{name}")
+    except ModuleNotFoundError as err:
+        raise ResultError(f"unknown protocol {name!r}: no module evaluation/{name}.py") from err
+
+
+def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed: int, out_path: str | Path,
+                 checkpoint_path: str | Path | None = None) -> Path:
+    """Run one protocol on cached features and write its result JSON atomically."""
+    module = protocol_module(protocol)
+    features = torch.load(features_path, map_location="cpu", weights_only=False)
+    start = time.perf_counter()
+    if getattr(module, "NEEDS_CHECKPOINT", False):
+        metrics, used = module.evaluate(features, settings, seed, checkpoint_path=checkpoint_path)
+    else:
+        metrics, used = module.evaluate(features, settings, seed)
+    wall = time.perf_counter() - start
+    bad = {k: v for k, v in metrics.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
+    if bad:
+        raise ResultError(f"protocol {protocol} on {features_path} produced non-finite metrics {bad}; "
+                          "nothing was written")
+    meta = dict(features["meta"])
+    cfg = meta.pop("cfg")
+    result = {
+        "dataset": meta["dataset"], "method": meta["method"], "seed": meta["seed"], "protocol": protocol,
+        "metrics": {k: float(v) for k, v in metrics.items()}, "settings": used, "wall_time_s": wall,
+        "run": meta, "cfg": cfg, "evaluated_with": provenance(torch.device("cpu")),
+    }
+    return io.write_json(out_path, result)
+
+
+def result_rows(result: dict) -> list[dict]:
+    run, cfg = result["run"], result["cfg"]
+    common = {
+        "dataset": result["dataset"], "method": result["method"], "seed": result["seed"],
+        "protocol": result["protocol"],
+        "protocol_settings": json.dumps(result["settings"], sort_keys=True),
+        "eval_wall_time_s": result["wall_time_s"],
+        "backbone": run["backbone"], "small_stem": run["small_stem"], "image_size": run["image_size"],
+        "epochs": cfg["train"]["epochs"], "epochs_trained": run["epochs_trained"],
+        "batch_size": cfg["train"]["batch_size"], "lr": cfg["train"]["lr"],
+        "method_params": json.dumps(cfg["params"], sort_keys=True),
+        "augment": json.dumps(cfg.get("augment", {}), sort_keys=True),
+        "train_wall_time_s": run["train_wall_time_s"], "images_per_s": run["images_per_s"],
+        "device": run["device"], "git_commit": run["git_commit"], "git_dirty": run["git_dirty"],
+        **{f"version_{k}": v for k, v in run["versions"].items()},
+    }
+    return [{**common, "metric": metric, "value": value} for metric, value in sorted(result["metrics"].items())]
+
+
+def read_result(path: str | Path) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ResultError(f"{path}: unreadable result ({err}); delete it and rerun snakemake") from err
+
+
+def collect(result_paths: list[str | Path], out_path: str | Path) -> pd.DataFrame:
+    rows = [row for path in sorted(map(str, result_paths)) for row in result_rows(read_result(path))]
+    table = pd.DataFrame(rows)
+    if not table.empty:
+        rest = sorted(c for c in table.columns if c not in KEY_COLUMNS)
+        table = table[KEY_COLUMNS + rest].sort_values(["dataset", "method", "seed", "protocol", "metric"])
+    io.write_text(out_path, table.to_csv(index=False))
+    return table

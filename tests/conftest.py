@@ -1,0 +1,41 @@
+"""Shared fixtures: a tiny configuration of the real suite (digits, timm's test_resnet, 2 epochs)."""
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+METHODS_DIR = REPO / "methods"
+
+torch.set_num_threads(1)  # tests share 2 cores; keep each process on one
+
+
+def tiny_suite_config(**train) -> dict:
+    """config/default.yaml shrunk to seconds: 8x8 digits, 2 epochs, batch 64."""
+    with open(REPO / "config" / "default.yaml") as f:
+        cfg = yaml.safe_load(f)
+    cfg["dataset"]["image_size"] = 8
+    cfg["train"].update({"epochs": 2, "batch_size": 64, **train})
+    cfg["seeds"] = [0]
+    return cfg
+
+
+@pytest.fixture
+def suite_config():
+    return tiny_suite_config()
+
+
+@pytest.fixture
+def method_config(suite_config):
+    from sslbench.config import resolve_method_config
+
+    def make(method: str, **overrides) -> dict:
+        cfg = copy.deepcopy(suite_config)
+        if overrides:
+            cfg["method_overrides"] = {method: overrides}
+        return resolve_method_config(cfg, METHODS_DIR, method)
+
+    return make

@@ -1,0 +1,33 @@
+import pytest
+import torch
+
+from sslbench.backbones import BackboneError, create_backbone
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_pooled_features_and_channels(channels):
+    model = create_backbone("test_resnet", in_chans=channels)
+    out = model(torch.randn(2, channels, 16, 16))
+    assert out.shape == (2, model.num_features)
+
+
+def test_small_stem_is_3x3_stride1_without_maxpool():
+    model = create_backbone("test_resnet", in_chans=3, small_stem=True)
+    assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
+    assert isinstance(model.maxpool, torch.nn.Identity)
+    # The stem keeps the resolution: the first stage sees the full 8x8 image.
+    stem = torch.nn.Sequential(model.conv1, model.bn1, model.act1, model.maxpool)
+    assert stem(torch.randn(1, 3, 8, 8)).shape[-2:] == (8, 8)
+    plain = create_backbone("test_resnet", in_chans=3)
+    plain_stem = torch.nn.Sequential(plain.conv1, plain.bn1, plain.act1, plain.maxpool)
+    assert plain_stem(torch.randn(1, 3, 8, 8)).shape[-2:] == (2, 2)
+
+
+def test_unknown_backbone_is_a_clear_error():
+    with pytest.raises(BackboneError, match="resnet_18"):
+        create_backbone("resnet_18")
+
+
+def test_small_stem_on_a_non_resnet_is_refused():
+    with pytest.raises(BackboneError, match="small_stem"):
+        create_backbone("test_vit", small_stem=True)

@@ -1,0 +1,125 @@
+import math
+
+import pytest
+import torch
+
+from sslbench.engine import Trainer, TrainingDiverged, learning_rate, pretrain
+from conftest import METHODS_DIR
+
+
+def schedule(**kw):
+    return {"lr": 1.0, "epochs": 10, "warmup_epochs": 0, "schedule": "cosine", "milestones": [], **kw}
+
+
+def test_cosine_schedule_endpoints_and_midpoint():
+    train = schedule()
+    assert learning_rate(train, 0, 10) == pytest.approx(1.0)
+    assert learning_rate(train, 50, 10) == pytest.approx(0.5)
+    assert learning_rate(train, 100, 10) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_warmup_is_linear_then_cosine_starts_at_base():
+    train = schedule(warmup_epochs=2)
+    steps = [learning_rate(train, s, 10) for s in range(20)]
+    assert steps == pytest.approx([(s + 1) / 20 for s in range(20)])
+    assert learning_rate(train, 20, 10) == pytest.approx(1.0)
+
+
+def test_step_schedule_multiplies_by_tenth_at_milestones():
+    train = schedule(schedule="step", milestones=[6, 8])
+    assert learning_rate(train, 59, 10) == pytest.approx(1.0)
+    assert learning_rate(train, 60, 10) == pytest.approx(0.1)
+    assert learning_rate(train, 80, 10) == pytest.approx(0.01)
+
+
+def encoder_state(path):
+    return torch.load(path, weights_only=False)["encoder"]
+
+
+def assert_same_state(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_training_is_deterministic_and_resume_is_exact(tmp_path, method_config):
+    cfg = method_config("simclr")
+    full = pretrain(METHODS_DIR / "simclr", cfg, 0, tmp_path / "full", progress=False)
+
+    # Interrupted after one epoch (as a kill between epochs leaves it), then resumed.
+    first = Trainer(METHODS_DIR / "simclr", cfg, 0, tmp_path / "resumed", progress=False)
+    first.train_epoch()
+    first._save_epoch_checkpoint()
+    resumed = Trainer(METHODS_DIR / "simclr", cfg, 0, tmp_path / "resumed", progress=False)
+    assert resumed.resume() and resumed.state.epoch == 1
+    path = resumed.fit()
+    assert_same_state(encoder_state(full), encoder_state(path))
+
+    again = pretrain(METHODS_DIR / "simclr", cfg, 0, tmp_path / "again", progress=False)
+    assert_same_state(encoder_state(full), encoder_state(again))
+
+
+def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, method_config):
+    cfg = method_config("simclr")
+    trainer = Trainer(METHODS_DIR / "simclr", cfg, 0, tmp_path, progress=False)
+    for _ in range(2):
+        trainer.train_epoch()
+        trainer._save_epoch_checkpoint()
+    newest = tmp_path / "checkpoints" / "epoch_0002.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a full disk
+    fresh = Trainer(METHODS_DIR / "simclr", cfg, 0, tmp_path, progress=False)
+    assert fresh.resume()
+    assert fresh.state.epoch == 1
+
+
+def test_log_has_one_row_per_epoch(tmp_path, method_config):
+    import pandas as pd
+
+    pretrain(METHODS_DIR / "simclr", method_config("simclr"), 0, tmp_path, progress=False)
+    log = pd.read_csv(tmp_path / "train_log.csv")
+    assert list(log["epoch"]) == [1, 2]
+    assert {"loss", "lr", "images_per_s", "seconds"} <= set(log.columns)
+    assert log["loss"].map(math.isfinite).all()
+
+
+def test_random_floor_is_seeded_and_untrained(tmp_path, method_config):
+    cfg = method_config("random")
+    a = encoder_state(pretrain(METHODS_DIR / "random", cfg, 0, tmp_path / "a", progress=False))
+    b = encoder_state(pretrain(METHODS_DIR / "random", cfg, 0, tmp_path / "b", progress=False))
+    c = encoder_state(pretrain(METHODS_DIR / "random", cfg, 1, tmp_path / "c", progress=False))
+    assert_same_state(a, b)
+    first = next(iter(a))
+    assert not torch.equal(a[first], c[first])
+    assert torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["meta"]["epochs_trained"] == 0
+
+
+NAN_METHOD = '''
+import torch
+from sslbench import Method
+
+class Diverges(Method):
+    num_views = 1
+    def __init__(self, backbone, info, cfg):
+        super().__init__(backbone, info, cfg)
+        self.calls = 0
+    def training_loss(self, views, labels, indices):
+        self.calls += 1
+        loss = self.backbone(views[0]).pow(2).mean()
+        return loss * float("nan") if self.calls > 30 else loss
+'''
+
+
+def test_nan_loss_stops_with_a_diagnostic_and_keeps_the_last_good_checkpoint(tmp_path, suite_config):
+    from sslbench.config import resolve_method_config
+
+    folder = tmp_path / "methods" / "diverges"
+    folder.mkdir(parents=True)
+    (folder / "method.py").write_text(NAN_METHOD)
+    suite_config["train"]["epochs"] = 5
+    cfg = resolve_method_config(suite_config, tmp_path / "methods", "diverges")
+    with pytest.raises(TrainingDiverged) as err:
+        pretrain(folder, cfg, 0, tmp_path / "run", progress=False)
+    message = str(err.value)
+    assert "diverges" in message and "epoch 2" in message and "last finite loss" in message
+    assert (tmp_path / "run" / "checkpoints" / "epoch_0001.pt").exists()
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()

@@ -1,0 +1,262 @@
+"""Properties of sslbench.losses on random inputs: reductions to known cases,
+hand-written formulas, naive loops, invariants."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sslbench.losses import info_nce, proto_nce, sample_negative_prototypes, supcon
+
+SEEDS = [0, 1, 2]
+
+
+def unit_rows(generator, *shape):
+    return F.normalize(torch.randn(*shape, generator=generator, dtype=torch.float64), dim=-1)
+
+
+# --------------------------------------------------------------------------- info_nce
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("temperature", [0.07, 0.2, 1.0])
+def test_info_nce_equals_hand_written_log_softmax(seed, temperature):
+    g = torch.Generator().manual_seed(seed)
+    query, key, negatives = unit_rows(g, 6, 16), unit_rows(g, 6, 16), unit_rows(g, 11, 16)
+
+    loss = info_nce(query, key, negatives, temperature)
+
+    expected = 0.0
+    for i in range(6):
+        positive = math.exp(float(query[i] @ key[i]) / temperature)
+        negative = sum(math.exp(float(query[i] @ n) / temperature) for n in negatives)
+        expected += -math.log(positive / (positive + negative))
+    assert loss.dim() == 0
+    assert loss.item() == pytest.approx(expected / 6, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_info_nce_without_negatives_is_zero(seed):
+    g = torch.Generator().manual_seed(seed)
+    query, key = unit_rows(g, 5, 8), unit_rows(g, 5, 8)
+    loss = info_nce(query, key, torch.empty(0, 8, dtype=torch.float64), 0.1)
+    assert loss.item() == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_info_nce_gradients_flow_to_query_and_key(seed):
+    g = torch.Generator().manual_seed(seed)
+    query = unit_rows(g, 4, 8).requires_grad_()
+    key = unit_rows(g, 4, 8).requires_grad_()
+    info_nce(query, key, unit_rows(g, 7, 8), 0.2).backward()
+    for tensor in (query, key):
+        assert torch.isfinite(tensor.grad).all() and tensor.grad.abs().sum() > 0
+
+
+def test_info_nce_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="key shape"):
+        info_nce(torch.zeros(4, 8), torch.zeros(3, 8), torch.zeros(5, 8), 0.1)
+
+
+# --------------------------------------------------------------------------- supcon
+
+
+def naive_supcon(features, labels, temperature, base_temperature, first_view_only=False):
+    """Per-anchor double loop, straight from the paper's definition."""
+    batch, views, _ = features.shape
+    items = [(i, v) for i in range(batch) for v in range(views)]
+    anchors = [(i, v) for (i, v) in items if v == 0 or not first_view_only]
+    label = (lambda i: i) if labels is None else (lambda i: int(labels[i]))
+    total = 0.0
+    for i, v in anchors:
+        anchor = features[i, v]
+        others = [(j, w) for (j, w) in items if (j, w) != (i, v)]
+        denominator = sum(math.exp(float(anchor @ features[j, w]) / temperature) for j, w in others)
+        positives = [(j, w) for (j, w) in others if label(j) == label(i)]
+        if positives:
+            log_probs = [float(anchor @ features[j, w]) / temperature - math.log(denominator) for j, w in positives]
+            total += -(temperature / base_temperature) * sum(log_probs) / len(positives)
+    return total / len(anchors)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("views", [1, 2, 3])
+@pytest.mark.parametrize("temperature,base_temperature", [(0.07, 0.07), (0.1, 0.07), (0.5, 1.0)])
+def test_supcon_matches_naive_loop(seed, views, temperature, base_temperature):
+    g = torch.Generator().manual_seed(seed)
+    features = unit_rows(g, 6, views, 5)
+    labels = torch.randint(0, 3, (6,), generator=g)
+    loss = supcon(features, labels, temperature, base_temperature)
+    expected = naive_supcon(features, labels, temperature, base_temperature)
+    assert loss.item() == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("use_labels", [False, True])
+def test_supcon_mode_one_matches_naive_first_view_anchors(seed, use_labels):
+    g = torch.Generator().manual_seed(seed)
+    features = unit_rows(g, 5, 3, 4)
+    labels = torch.randint(0, 2, (5,), generator=g) if use_labels else None
+    loss = supcon(features, labels, temperature=0.1, contrast_mode="one")
+    expected = naive_supcon(features, labels, 0.1, 0.07, first_view_only=True)
+    assert loss.item() == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("contrast_mode", ["all", "one"])
+def test_supcon_with_distinct_labels_is_nt_xent(seed, contrast_mode):
+    g = torch.Generator().manual_seed(seed)
+    features = unit_rows(g, 7, 2, 6)
+    distinct = torch.randperm(7, generator=g) * 3
+    with_labels = supcon(features, distinct, 0.2, contrast_mode=contrast_mode)
+    without = supcon(features, None, 0.2, contrast_mode=contrast_mode)
+    assert with_labels.item() == pytest.approx(without.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("batch", [2, 5, 16])
+@pytest.mark.parametrize("temperature,base_temperature", [(0.07, 0.07), (0.5, 0.07)])
+@pytest.mark.parametrize("use_labels", [False, True])
+def test_supcon_on_collapsed_features_is_log_of_contrast_count(batch, temperature, base_temperature, use_labels):
+    g = torch.Generator().manual_seed(batch)
+    one_point = unit_rows(g, 1, 1, 8)
+    features = one_point.expand(batch, 2, 8).contiguous()
+    labels = torch.randint(0, 3, (batch,), generator=g) if use_labels else None
+    loss = supcon(features, labels, temperature, base_temperature)
+    expected = temperature / base_temperature * math.log(2 * batch - 1)
+    assert loss.item() == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("contrast_mode", ["all", "one"])
+def test_supcon_is_invariant_to_batch_permutation(seed, contrast_mode):
+    g = torch.Generator().manual_seed(seed)
+    features = unit_rows(g, 8, 2, 6)
+    labels = torch.randint(0, 3, (8,), generator=g)
+    order = torch.randperm(8, generator=g)
+    loss = supcon(features, labels, 0.1, contrast_mode=contrast_mode)
+    permuted = supcon(features[order], labels[order], 0.1, contrast_mode=contrast_mode)
+    assert permuted.item() == pytest.approx(loss.item(), rel=1e-12)
+
+
+def test_supcon_anchors_without_positives_give_zero_not_nan():
+    features = unit_rows(torch.Generator().manual_seed(0), 4, 1, 5).requires_grad_()
+    loss = supcon(features, torch.arange(4))  # one view, distinct labels: no anchor has a positive
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.isfinite(features.grad).all()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_supcon_is_stable_at_small_temperature_and_differentiable(seed):
+    g = torch.Generator().manual_seed(seed)
+    features = unit_rows(g, 6, 2, 8).float().requires_grad_()
+    loss = supcon(features, torch.randint(0, 2, (6,), generator=g), temperature=0.005)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(features.grad).all()
+    assert features.grad.abs().sum() > 0
+
+
+def test_supcon_rejects_bad_input():
+    with pytest.raises(ValueError, match="batch, views, dim"):
+        supcon(torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="contrast_mode"):
+        supcon(torch.zeros(4, 2, 8), contrast_mode="both")
+    with pytest.raises(ValueError, match="labels"):
+        supcon(torch.zeros(4, 2, 8), torch.arange(3))
+
+
+# --------------------------------------------------------------------------- proto_nce
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("temperature", [0.1, 0.3])
+def test_proto_nce_with_each_point_its_own_cluster_is_in_batch_info_nce(seed, temperature):
+    g = torch.Generator().manual_seed(seed)
+    query, key = unit_rows(g, 8, 6), unit_rows(g, 8, 6)
+    phi = torch.full((8,), temperature, dtype=torch.float64)
+    loss = proto_nce(query, key, torch.arange(8), phi)
+    in_batch = F.cross_entropy(query @ key.T / temperature, torch.arange(8))
+    assert loss.item() == pytest.approx(in_batch.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_proto_nce_full_divides_each_logit_by_its_prototype_phi(seed):
+    g = torch.Generator().manual_seed(seed)
+    query, prototypes = unit_rows(g, 6, 5), unit_rows(g, 4, 5)
+    assignments = torch.randint(0, 4, (6,), generator=g)
+    phi = 0.05 + torch.rand(4, generator=g, dtype=torch.float64)
+    loss = proto_nce(query, prototypes, assignments, phi)
+    expected = 0.0
+    for i in range(6):
+        scores = [math.exp(float(query[i] @ prototypes[j]) / float(phi[j])) for j in range(4)]
+        expected += -math.log(scores[assignments[i]] / sum(scores))
+    assert loss.item() == pytest.approx(expected / 6, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("r", [1, 5, 9])
+def test_sampled_negative_prototypes_are_r_unique_ids_outside_the_positives(seed, r):
+    g = torch.Generator().manual_seed(seed)
+    assignments = torch.randint(0, 20, (12,), generator=g)
+    negatives = sample_negative_prototypes(assignments, 20, r, generator=g)
+    assert negatives.dtype == torch.long and negatives.shape == (r,)
+    assert len(set(negatives.tolist())) == r
+    assert set(negatives.tolist()).isdisjoint(assignments.tolist())
+    assert all(0 <= n < 20 for n in negatives.tolist())
+
+
+def test_sampled_negative_prototypes_cover_every_candidate_and_follow_the_generator():
+    assignments = torch.tensor([0, 3, 3, 7])
+    candidates = set(range(10)) - {0, 3, 7}
+    seen = set()
+    for seed in range(30):
+        seen |= set(sample_negative_prototypes(assignments, 10, 2, torch.Generator().manual_seed(seed)).tolist())
+    assert seen == candidates
+    first = sample_negative_prototypes(assignments, 10, 4, torch.Generator().manual_seed(5))
+    again = sample_negative_prototypes(assignments, 10, 4, torch.Generator().manual_seed(5))
+    assert torch.equal(first, again)
+
+
+def test_sampling_more_negatives_than_available_is_a_clear_error():
+    with pytest.raises(ValueError, match="num_negatives=3"):
+        sample_negative_prototypes(torch.tensor([0, 1, 2]), 5, 3)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_proto_nce_with_all_remaining_negatives_matches_hand_computation(seed):
+    g = torch.Generator().manual_seed(seed)
+    k = 12
+    query, prototypes = unit_rows(g, 7, 5), unit_rows(g, k, 5)
+    assignments = torch.randint(0, k, (7,), generator=g)
+    phi = 0.05 + torch.rand(k, generator=g, dtype=torch.float64)
+    positives = set(assignments.tolist())
+    outside = [j for j in range(k) if j not in positives]
+
+    loss = proto_nce(query, prototypes, assignments, phi, num_negatives=len(outside), generator=g)
+
+    expected = 0.0
+    for i in range(7):
+        a = int(assignments[i])
+        positive = math.exp(float(query[i] @ prototypes[a]) / float(phi[a]))
+        negative = sum(math.exp(float(query[i] @ prototypes[j]) / float(phi[j])) for j in outside)
+        expected += -math.log(positive / (positive + negative))
+    assert loss.item() == pytest.approx(expected / 7, rel=1e-9)
+
+
+@pytest.mark.parametrize("num_negatives", [None, 3])
+def test_proto_nce_gradients_flow_to_query(num_negatives):
+    g = torch.Generator().manual_seed(0)
+    query = unit_rows(g, 5, 6).requires_grad_()
+    loss = proto_nce(query, unit_rows(g, 10, 6), torch.tensor([0, 1, 1, 2, 4]),
+                     torch.full((10,), 0.1, dtype=torch.float64), num_negatives=num_negatives, generator=g)
+    loss.backward()
+    assert torch.isfinite(query.grad).all() and query.grad.abs().sum() > 0
+
+
+def test_proto_nce_rejects_bad_input():
+    query, prototypes = torch.zeros(3, 4), torch.zeros(5, 4)
+    with pytest.raises(ValueError, match="concentration"):
+        proto_nce(query, prototypes, torch.tensor([0, 1, 2]), torch.ones(4))
+    with pytest.raises(ValueError, match="prototype ids"):
+        proto_nce(query, prototypes, torch.tensor([0, 1, 5]), torch.ones(5))

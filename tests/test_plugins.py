@@ -1,0 +1,42 @@
+import pytest
+
+from sslbench.method import Method
+from sslbench.plugins import PluginError, load_method_class
+from conftest import METHODS_DIR
+
+
+def write_method(tmp_path, name, code):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "method.py").write_text(code)
+    return folder
+
+
+def test_loads_the_repository_methods():
+    for name in ("simclr", "random"):
+        cls = load_method_class(METHODS_DIR / name)
+        assert issubclass(cls, Method)
+
+
+def test_missing_method_file(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PluginError, match="no method.py"):
+        load_method_class(tmp_path / "empty")
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    folder = write_method(tmp_path, "broken", "import torch\ndef oops(:\n")
+    with pytest.raises(PluginError, match=r"method\.py:2: syntax error"):
+        load_method_class(folder)
+
+
+def test_no_method_subclass(tmp_path):
+    folder = write_method(tmp_path, "nosub", "class Foo:\n    pass\n")
+    with pytest.raises(PluginError, match="exactly one subclass"):
+        load_method_class(folder)
+
+
+def test_missing_required_hook(tmp_path):
+    folder = write_method(tmp_path, "nohook", "from sslbench import Method\nclass M(Method):\n    pass\n")
+    with pytest.raises(PluginError, match="training_loss"):
+        load_method_class(folder)

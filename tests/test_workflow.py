@@ -1,0 +1,84 @@
+"""End to end: real snakemake on a copy of the workflow with a tiny config."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, tiny_suite_config
+
+pytestmark = pytest.mark.slow
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+@pytest.fixture(scope="module")
+def workflow(tmp_path_factory):
+    """A copy of the workflow (Snakefile, config, methods) with a tiny config, run once."""
+    root = tmp_path_factory.mktemp("wf")
+    shutil.copy(REPO / "Snakefile", root)
+    shutil.copytree(REPO / "config", root / "config")
+    shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
+    cfg = tiny_suite_config()
+    cfg["seeds"] = [0, 1]
+    cfg["methods"] = ["simclr", "random"]
+    (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    run = snakemake(root, "--cores", "2", "results/table.csv")
+    assert run.returncode == 0, run.stdout + run.stderr
+    return root
+
+
+def snakemake(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, "--configfile", "tiny.yaml", *args], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+
+
+def planned_jobs(root: Path, *extra: str) -> dict[str, int]:
+    out = snakemake(root, "-n", "--cores", "2", *extra)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", text, re.M)
+            if m.group(1) not in ("total", "count")}
+
+
+def test_table_has_every_method_seed_and_its_settings(workflow):
+    table = pd.read_csv(workflow / "results" / "table.csv")
+    runs = set(zip(table["method"], table["seed"]))
+    assert runs == {("simclr", 0), ("simclr", 1), ("random", 0), ("random", 1)}
+    knn = table[table["metric"] == "top1_k200_t0.1"]
+    assert len(knn) == 4 and knn["value"].between(0, 1).all()
+    for column in ("backbone", "epochs", "batch_size", "image_size", "protocol_settings", "git_commit",
+                   "device", "version_torch", "eval_wall_time_s", "small_stem"):
+        assert column in table.columns and table[column].notna().all(), column
+
+
+def test_dag_shows_pretrain_extract_evaluate_collect(workflow):
+    out = snakemake(workflow, "-n", "--forceall", "--cores", "2")
+    text = out.stdout + out.stderr
+    for rule in ("pretrain", "extract", "evaluate", "collect"):
+        assert re.search(rf"^{rule}\s+\d+", text, re.M), text
+
+
+def test_rerun_with_nothing_changed_does_no_work(workflow):
+    out = snakemake(workflow, "-n", "--cores", "2", "results/table.csv")
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_new_method_folder_runs_only_its_jobs_and_collect(workflow):
+    shutil.copytree(workflow / "methods" / "simclr", workflow / "methods" / "simclr_copy")
+    cfg = yaml.safe_load((workflow / "tiny.yaml").read_text())
+    cfg["methods"] = "all"
+    cfg["method_overrides"] = {}
+    (workflow / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    try:
+        methods = {p.name for p in (workflow / "methods").iterdir() if (p / "method.py").exists()}
+        jobs = planned_jobs(workflow, "results/table.csv")
+        new = len(methods - {"simclr", "random"})
+        # every method not yet run (the copy, and any other repository method) runs once per seed
+        assert jobs["pretrain"] == 2 * new and jobs["collect"] == 1, jobs
+        assert "simclr_copy" in methods
+    finally:
+        shutil.rmtree(workflow / "methods" / "simclr_copy")
