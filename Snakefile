@@ -70,7 +70,7 @@ rule extract:
     input:
         RUN + "/checkpoint.pt",
     output:
-        RUN + "/features.pt",
+        RUN + "/features.npz",
     threads: config["evaluation"].get("threads", 1)
     log:
         RUN + "/logs/extract.log",
@@ -80,7 +80,7 @@ rule extract:
 
 rule evaluate:
     input:
-        features=RUN + "/features.pt",
+        features=RUN + "/features.npz",
         checkpoint=RUN + "/checkpoint.pt",
     output:
         RUN + "/eval/{protocol}.json",

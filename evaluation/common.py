@@ -98,8 +98,8 @@ def topk_accuracy(scores: np.ndarray, labels: np.ndarray, ks=(1, 5)) -> dict[int
 
 
 def seed_for(*parts: int) -> int:
-    """A 32-bit seed derived from several integers (run seed, draw, restart, ...)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+    """A 31-bit seed derived from several integers (run seed, draw, restart, ...)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1)  # < 2**31: faiss wants a C int
 
 
 def check_metrics(metrics: dict, protocol: str) -> dict[str, float]:

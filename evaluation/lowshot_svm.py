@@ -2,8 +2,10 @@
 Goyal et al. 2019 (facebookresearch/fair_self_supervision_benchmark, VISSL's svm_low_shot).
 
 As there: features L2-normalised (norm + 1e-5); one-vs-rest sklearn LinearSVC per class with
-squared hinge, L2 penalty, dual solver, tol 1e-4, max_iter 2000, class_weight {+1: 2, -1: 1};
+squared hinge, L2 penalty, tol 1e-4, max_iter 2000, class_weight {+1: 2, -1: 1};
 k labelled train samples per class for each k in `ks`, `num_draws` independent draws per k;
+liblinear's dual solver where samples <= dims (VISSL's case), else
+its primal solver (same objective, far faster there at large C: sklearn's dual="auto");
 mean / std / min / max over draws of the test mAP (the mean of per-class AP of the decision
 scores). Single-label: k samples of every class, AP from sklearn's average_precision_score,
 plus top-1 of the argmax over class scores. Multilabel (VOC07, targets [N, C]): for each
@@ -19,7 +21,12 @@ positive on both sides, so the fixed `fallback_cost` is used and recorded.
 """
 from __future__ import annotations
 
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+import torch
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import average_precision_score
 from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import LinearSVC
@@ -90,7 +97,7 @@ def l2_normalise_like_vissl(x: np.ndarray) -> np.ndarray:
 
 
 def fit_svm(x: np.ndarray, y: np.ndarray, cost: float, pos_weight: float, seed: int) -> LinearSVC:
-    svm = LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual=True, tol=SVM_TOL,
+    svm = LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual="auto", tol=SVM_TOL,
                     max_iter=SVM_MAX_ITER, class_weight={1: pos_weight, -1: 1.0},
                     intercept_scaling=1.0, random_state=seed)
     return svm.fit(x, y)
@@ -126,6 +133,13 @@ def draw_tasks(train_labels: np.ndarray, draw) -> list[Task]:
     return [Task(rows, np.where(train_labels[rows, c] == POSITIVE, 1, -1)) for c, rows in enumerate(draw)]
 
 
+def fit_svm_counted(x: np.ndarray, y: np.ndarray, cost: float, used: dict, seed: int, counter: dict):
+    svm = fit_svm(x, y, cost, used["pos_weight"], seed)
+    counter["fits"] += 1
+    counter["not_converged"] += int(svm.n_iter_ >= SVM_MAX_ITER)
+    return svm
+
+
 def choose_cost(x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int,
                 counter: dict) -> tuple[float, str]:
     """The grid cost with the best class-mean cross-validated AP on the low-shot set."""
@@ -137,9 +151,7 @@ def choose_cost(x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int,
         splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed_for(seed, t))
         for fit, val in splitter.split(task.rows, task.y):
             for i, cost in enumerate(used["cost_grid"]):
-                svm = fit_svm(x[task.rows[fit]], task.y[fit], cost, used["pos_weight"], seed)
-                counter["fits"] += 1
-                counter["not_converged"] += int(svm.n_iter_ >= SVM_MAX_ITER)
+                svm = fit_svm_counted(x[task.rows[fit]], task.y[fit], cost, used, seed, counter)
                 cv_ap[i] += average_precision_score(task.y[val] == 1, svm.decision_function(x[task.rows[val]]))
     best = int(np.argmax(cv_ap))  # first maximum: the smallest cost among ties
     return float(used["cost_grid"][best]), "cv"
@@ -148,13 +160,8 @@ def choose_cost(x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int,
 def test_scores(x: np.ndarray, tasks: list[Task], x_test: np.ndarray, cost: float, used: dict, seed: int,
                 counter: dict) -> np.ndarray:
     """Decision scores [n_test, n_classes] of each class's SVM trained at `cost`."""
-    columns = []
-    for task in tasks:
-        svm = fit_svm(x[task.rows], task.y, cost, used["pos_weight"], seed)
-        counter["fits"] += 1
-        counter["not_converged"] += int(svm.n_iter_ >= SVM_MAX_ITER)
-        columns.append(svm.decision_function(x_test))
-    return np.stack(columns, axis=1)
+    return np.stack([fit_svm_counted(x[task.rows], task.y, cost, used, seed, counter).decision_function(x_test)
+                     for task in tasks], axis=1)
 
 
 def mean_ap(scores: np.ndarray, test_labels: np.ndarray) -> float:
@@ -200,23 +207,32 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     if not ks_run:
         raise ValueError(f"lowshot_svm: no k in {used['ks']} fits; the smallest class allows k <= {largest}")
 
-    metrics, chosen, counter = {}, {}, {"fits": 0, "not_converged": 0}
+    def run_draw(k: int, d: int, draw) -> dict:
+        """Choose the cost, fit, and score one low-shot draw (independent of every other draw)."""
+        draw_seed, counter = seed_for(seed, k, d), {"fits": 0, "not_converged": 0}
+        tasks = draw_tasks(train_labels, draw)
+        cost, rule = choose_cost(x, tasks, k, used, draw_seed, counter)
+        scores = test_scores(x, tasks, x_test, cost, used, draw_seed, counter)
+        top1 = None if multilabel else float(np.mean(scores.argmax(1) == test_labels))
+        return {"k": k, "cost": cost, "rule": rule, "map": mean_ap(scores, test_labels), "top1": top1, **counter}
+
+    jobs = [(k, d, draw) for k in ks_run
+            for d, draw in enumerate(sampler(train_labels, k, int(used["num_draws"]), seed))]
+    # liblinear releases the GIL: draws run in threads, as many as torch may use (the CLI's --threads).
+    with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+        warnings.simplefilter("ignore", ConvergenceWarning)  # counted and recorded instead
+        runs = list(pool.map(lambda job: run_draw(*job), jobs))
+
+    metrics, chosen = {}, {}
     for k in ks_run:
-        maps, top1s, chosen[k] = [], [], []
-        for d, draw in enumerate(sampler(train_labels, k, int(used["num_draws"]), seed)):
-            draw_seed = seed_for(seed, k, d)
-            tasks = draw_tasks(train_labels, draw)
-            cost, rule = choose_cost(x, tasks, k, used, draw_seed, counter)
-            scores = test_scores(x, tasks, x_test, cost, used, draw_seed, counter)
-            chosen[k].append({"cost": cost, "rule": rule})
-            maps.append(mean_ap(scores, test_labels))
-            if not multilabel:
-                top1s.append(float(np.mean(scores.argmax(1) == test_labels)))
-        maps = np.asarray(maps)
+        mine = [r for r in runs if r["k"] == k]
+        maps = np.array([r["map"] for r in mine])
         metrics.update({f"map_k{k}_mean": maps.mean(), f"map_k{k}_std": maps.std(),
                         f"map_k{k}_min": maps.min(), f"map_k{k}_max": maps.max()})
         if not multilabel:
-            metrics[f"top1_k{k}_mean"] = float(np.mean(top1s))
+            metrics[f"top1_k{k}_mean"] = float(np.mean([r["top1"] for r in mine]))
+        chosen[f"k{k}"] = [{"cost": r["cost"], "rule": r["rule"]} for r in mine]
+    counter = {name: sum(r[name] for r in runs) for name in ("fits", "not_converged")}
 
     used.update(
         ks_run=ks_run, ks_skipped=[k for k in used["ks"] if k > largest], chosen_costs=chosen,
@@ -224,7 +240,7 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
         cost_rule=f"stratified {used['cv_folds']}-fold CV on the low-shot set (folds = min(cv_folds, k)), "
                   "best class-mean AP, ties -> smaller cost; k = 1: fallback_cost",
         ap="VOC interpolated (VISSL)" if multilabel else "sklearn average_precision_score",
-        svm={"loss": "squared_hinge", "penalty": "l2", "dual": True, "tol": SVM_TOL,
+        svm={"loss": "squared_hinge", "penalty": "l2", "dual": "auto (primal when samples > dims)", "tol": SVM_TOL,
              "max_iter": SVM_MAX_ITER, "intercept_scaling": 1.0, "features": "L2-normalised (norm + 1e-5)"},
         svm_fits=counter["fits"], svm_fits_not_converged=counter["not_converged"],
     )

@@ -1,5 +1,12 @@
 """sslbench: reproduce self-supervised learning methods in one harness and compare them."""
-from .method import DataInfo, EpochContext, Method
-
-__all__ = ["DataInfo", "EpochContext", "Method"]
 __version__ = "0.1.0"
+__all__ = ["DataInfo", "EpochContext", "Method"]
+
+
+def __getattr__(name):
+    # Lazy, so that the Snakefile's `import sslbench.config` does not pay for importing torch.
+    if name in __all__:
+        from . import method
+
+        return getattr(method, name)
+    raise AttributeError(f"module 'sslbench' has no attribute {name!r}")

@@ -266,7 +266,7 @@ def adjust_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     rotated = hue_sixths.unsqueeze(1) + 6 * _per_sample(shift)
     k = torch.remainder(_HSV_CHANNEL_OFFSETS.to(x.device, x.dtype) + rotated, 6)
     ramp = torch.minimum(k, 4 - k).clamp_(0, 1)
-    return (value.unsqueeze(1) - chroma.unsqueeze(1) * ramp).clamp_(0, 1)
+    return value.unsqueeze(1) - chroma.unsqueeze(1) * ramp  # in [min, max]: no clamp needed
 
 
 _HSV_CHANNEL_OFFSETS = torch.tensor([5.0, 3.0, 1.0]).view(1, 3, 1, 1)
@@ -338,7 +338,7 @@ def _draw_crop_boxes(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator):
     widths = torch.round(torch.sqrt(target_area * aspect))
     heights = torch.round(torch.sqrt(target_area / aspect))
     valid = (widths > 0) & (widths <= in_w) & (heights > 0) & (heights <= in_h)
-    first_valid = valid.to(torch.uint8).argmax(dim=1, keepdim=True)
+    first_valid = valid.float().argmax(dim=1, keepdim=True)  # argmax returns the first maximum
     found = valid.any(dim=1)
     width = widths.gather(1, first_valid).squeeze(1)
     height = heights.gather(1, first_valid).squeeze(1)
@@ -387,6 +387,23 @@ def _indices(mask: torch.Tensor, device: torch.device) -> torch.Tensor | None:
 
 
 # --------------------------------------------------------------------------------------
+
+
+def _sample_coordinates(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int,
+                        mirrored: torch.Tensor | None) -> torch.Tensor:
+    """Where each output pixel samples the input along one axis, in grid_sample's
+    normalised coordinates (align_corners=False: the image edges are at -1 and 1).
+
+    Output pixel o looks at start + (o + 0.5) * length / out_size (pixel-edge units),
+    clamped to the crop's outer pixel centres: exactly torchvision's crop followed by
+    a bilinear resize.  ``mirrored`` samples flip the axis.  Returns [n, out_size].
+    """
+    start, length = start.double().view(-1, 1), length.double().view(-1, 1)
+    offset = (torch.arange(out_size, dtype=torch.float64) + 0.5) * length / out_size
+    if mirrored is not None:
+        offset = torch.where(mirrored.view(-1, 1), length - offset, offset)
+    position = (start + offset).clamp(min=start + 0.5, max=start + length - 0.5)
+    return (2 * position / in_size - 1).float()
 
 
 class ViewAugment(nn.Module):
@@ -440,21 +457,13 @@ class ViewAugment(nn.Module):
             if (idx := _indices(params.flip, images.device)) is not None:
                 x[idx] = x[idx].flip(-1)
             return x
-        # One affine map per sample from output coordinates to the crop box, in the
-        # normalised [-1, 1] coordinates of grid_sample (align_corners=False: the image
-        # edges are at -1 and 1); a negative x-scale flips the crop.
-        scale_x = params.width / in_w
-        scale_y = params.height / in_h
-        centre_x = (2 * params.left + params.width) / in_w - 1
-        centre_y = (2 * params.top + params.height) / in_h - 1
-        sign = 1 - 2 * params.flip.float()
-        theta = torch.zeros(n, 2, 3)
-        theta[:, 0, 0] = sign * scale_x
-        theta[:, 0, 2] = centre_x
-        theta[:, 1, 1] = scale_y
-        theta[:, 1, 2] = centre_y
-        grid = F.affine_grid(theta.to(images.device), [n, self.channels, size, size], align_corners=False)
-        # Border padding: samples within half a pixel of the edge must not fade to black.
+        # The crop is axis-aligned, so the sampling grid is separable: one row of x and one
+        # column of y coordinates per sample, computed on the CPU and broadcast on the device.
+        xs = _sample_coordinates(params.left, params.width, in_w, size, mirrored=params.flip)
+        ys = _sample_coordinates(params.top, params.height, in_h, size, mirrored=None)
+        device = images.device
+        xs, ys = xs.to(device), ys.to(device)
+        grid = torch.stack((xs[:, None, :].expand(n, size, size), ys[:, :, None].expand(n, size, size)), dim=-1)
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
     def _jitter(self, x: torch.Tensor, params: _ViewParams, device: torch.device) -> None:

@@ -499,7 +499,7 @@ def voc_labels(annotation_path) -> np.ndarray:
         k = VOC_CLASSES.index(name)
         if not difficult:
             labels[k] = VOC_PRESENT
-        else:
+        elif labels[k] == VOC_ABSENT:
             labels[k] = VOC_DIFFICULT_ONLY
     return labels
 

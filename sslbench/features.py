@@ -1,9 +1,16 @@
 """Extract features once per checkpoint: the frozen encoder's pooled output on
 the train and test splits (evaluation transform), to one file every protocol reads.
+
+The file is a plain ``.npz`` (arrays + the run's metadata as JSON) so that the
+protocols on cached features load it without importing torch.
 """
 from __future__ import annotations
 
+import io as _bytes_io
+import json
 from pathlib import Path
+
+import numpy as np
 
 import torch
 
@@ -54,15 +61,34 @@ def extract(checkpoint_path: str | Path, out_path: str | Path, device: str = "au
     norm = ckpt["normalisation"]
     transform = EvalTransform(data.image_size, data.channels, norm["mean"], norm["std"]).to(dev)
     features = {
-        "train": embed(encoder, data.train, transform, dev),
-        "train_labels": data.train.labels.clone(),
-        "test": embed(encoder, data.test, transform, dev),
-        "test_labels": data.test.labels.clone(),
+        "train": embed(encoder, data.train, transform, dev).numpy(),
+        "train_labels": data.train.labels.numpy(),
+        "test": embed(encoder, data.test, transform, dev).numpy(),
+        "test_labels": data.test.labels.numpy(),
         "num_classes": data.num_classes,
         "meta": {**ckpt["meta"], "cfg": ckpt["cfg"], "extract_device": provenance(dev)["device"]},
     }
     for split in ("train", "test"):
-        if not torch.isfinite(features[split]).all():
+        if not np.isfinite(features[split]).all():
             raise ValueError(f"{checkpoint_path}: the encoder produced non-finite {split} features; "
                              "the checkpoint is broken; delete it and retrain")
-    return io.save_torch(out_path, features)
+    return save_features(out_path, features)
+
+
+def save_features(path: str | Path, features: dict) -> Path:
+    arrays = {k: np.asarray(v) for k, v in features.items() if k != "meta"}
+    buffer = _bytes_io.BytesIO()
+    np.savez(buffer, meta_json=np.array(json.dumps(features["meta"])), **arrays)
+    return io.write_bytes(path, buffer.getvalue())
+
+
+def load_features(path: str | Path) -> dict:
+    """The dict every protocol takes: numpy arrays, ``num_classes`` and ``meta``."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            out = {k: npz[k] for k in npz.files if k != "meta_json"}
+            out["meta"] = json.loads(str(npz["meta_json"]))
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{path}: unreadable features ({err}); delete it and rerun snakemake") from err
+    out["num_classes"] = int(out["num_classes"])
+    return out

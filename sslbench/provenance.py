@@ -7,8 +7,6 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-import torch
-
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("torch", "torchvision", "timm", "faiss-cpu", "faiss-gpu", "scikit-learn", "numpy", "pandas", "snakemake")
 
@@ -41,11 +39,13 @@ def package_versions() -> dict:
     return versions
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
+def device_name(device) -> str:
+    if str(device).startswith("cuda"):
+        import torch
+
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+    return f"cpu ({platform.machine()})"
 
 
-def provenance(device: torch.device) -> dict:
+def provenance(device) -> dict:
     return {**git_state(), "versions": package_versions(), "device": device_name(device)}

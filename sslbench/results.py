@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from . import io
 from .provenance import provenance
@@ -40,7 +39,9 @@ def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed:
                  checkpoint_path: str | Path | None = None) -> Path:
     """Run one protocol on cached features and write its result JSON atomically."""
     module = protocol_module(protocol)
-    features = torch.load(features_path, map_location="cpu", weights_only=False)
+    from .features import load_features
+
+    features = load_features(features_path)
     start = time.perf_counter()
     if getattr(module, "NEEDS_CHECKPOINT", False):
         metrics, used = module.evaluate(features, settings, seed, checkpoint_path=checkpoint_path)
@@ -56,7 +57,7 @@ def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed:
     result = {
         "dataset": meta["dataset"], "method": meta["method"], "seed": meta["seed"], "protocol": protocol,
         "metrics": {k: float(v) for k, v in metrics.items()}, "settings": used, "wall_time_s": wall,
-        "run": meta, "cfg": cfg, "evaluated_with": provenance(torch.device("cpu")),
+        "run": meta, "cfg": cfg, "evaluated_with": provenance("cpu"),
     }
     return io.write_json(out_path, result)
 

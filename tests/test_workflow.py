@@ -1,4 +1,5 @@
 """End to end: real snakemake on a copy of the workflow with a tiny config."""
+import os
 import re
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from sslbench.config import discover_methods
 from conftest import REPO, tiny_suite_config
 
 pytestmark = pytest.mark.slow
@@ -32,7 +34,9 @@ def workflow(tmp_path_factory):
 
 
 def snakemake(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*SNAKEMAKE, "--configfile", "tiny.yaml", *args], cwd=root,
+    # The rules call the `sslbench` console script: put this interpreter's bin folder first on PATH.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([*SNAKEMAKE, "--configfile", "tiny.yaml", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -74,7 +78,7 @@ def test_new_method_folder_runs_only_its_jobs_and_collect(workflow):
     cfg["method_overrides"] = {}
     (workflow / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     try:
-        methods = {p.name for p in (workflow / "methods").iterdir() if (p / "method.py").exists()}
+        methods = set(discover_methods(workflow / "methods"))
         jobs = planned_jobs(workflow, "results/table.csv")
         new = len(methods - {"simclr", "random"})
         # every method not yet run (the copy, and any other repository method) runs once per seed

@@ -1,0 +1,378 @@
+"""Tests of the batched view pipeline (sslbench/augment.py).
+
+Reference values come from hand computation and from torchvision's own
+per-image functional ops (real torchvision, image by image).
+"""
+import math
+
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+
+from sslbench import augment
+from sslbench.augment import (
+    VIEW_PRESETS,
+    EvalTransform,
+    ViewAugment,
+    ViewConfig,
+    adjust_brightness,
+    adjust_contrast,
+    adjust_hue,
+    adjust_saturation,
+    blur_kernel_size,
+    dataset_stats,
+    gaussian_blur,
+    view_config,
+)
+
+IDENTITY = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0, blur_p=0.0)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def random_images(n, channels, size, seed=0, height=None):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, channels, height or size, size), generator=g, dtype=torch.uint8)
+
+
+def constant_images(values, channels, size):
+    """One constant image per value (uint8)."""
+    values = torch.as_tensor(values, dtype=torch.uint8)
+    return values.view(-1, 1, 1, 1).expand(-1, channels, size, size).contiguous()
+
+
+def unit_stats(channels):
+    """mean 0, std 1: the output is the augmented image in [0, 1]."""
+    return [0.0] * channels, [1.0] * channels
+
+
+def seeded(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def normalised(images, mean, std):
+    c = images.shape[1]
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(c, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(c, 1, 1)
+    return (images.float() / 255 - mean_t) / std_t
+
+
+# ----------------------------------------------------------------------------- API, shapes
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("channels,in_size,out_size", [(1, 16, 16), (3, 32, 32), (3, 40, 24), (1, 12, 20)])
+def test_shapes_dtype_device(device, channels, in_size, out_size):
+    images = random_images(6, channels, in_size).to(device)
+    mean, std = dataset_stats(channels)
+    for preset in VIEW_PRESETS:
+        out = ViewAugment(out_size, channels, mean, std, view_config(preset))(images, seeded(0))
+        assert out.shape == (6, channels, out_size, out_size)
+        assert out.dtype == torch.float32 and out.device.type == device
+        assert torch.isfinite(out).all()
+    evaluated = EvalTransform(out_size, channels, mean, std)(images)
+    assert evaluated.shape == (6, channels, out_size, out_size) and evaluated.device.type == device
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu_for_the_same_seed():
+    images = random_images(32, 3, 32)
+    mean, std = dataset_stats(3, images)
+    aug = ViewAugment(32, 3, mean, std, view_config("simclr"))
+    on_cpu = aug(images, seeded(5))
+    on_gpu = aug.to("cuda")(images.cuda(), seeded(5))
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_rejects_bad_inputs():
+    aug = ViewAugment(16, 3, *dataset_stats(3), view_config())
+    with pytest.raises(ValueError, match="uint8"):
+        aug(torch.rand(2, 3, 16, 16))
+    with pytest.raises(ValueError, match="3 channel"):
+        aug(random_images(2, 1, 16))
+    with pytest.raises(ValueError, match=r"\[B, C, H, W\]"):
+        aug(random_images(2, 3, 16)[0])
+    with pytest.raises(ValueError, match="one value per channel"):
+        ViewAugment(16, 3, [0.5], [0.2], view_config())
+    with pytest.raises(ValueError, match="channels must be 1 or 3"):
+        EvalTransform(16, 2, [0.5, 0.5], [0.2, 0.2])
+
+
+def test_view_config_presets_and_overrides():
+    assert view_config() == ViewConfig() == VIEW_PRESETS["mocov2"]
+    moco2 = view_config("mocov2")
+    assert (moco2.crop_scale, moco2.jitter_p, moco2.gray_p, moco2.blur_p, moco2.blur_sigma) == (
+        (0.2, 1.0), 0.8, 0.2, 0.5, (0.1, 2.0))
+    assert (moco2.brightness, moco2.contrast, moco2.saturation, moco2.hue) == (0.4, 0.4, 0.4, 0.1)
+    simclr = view_config("simclr")
+    assert (simclr.brightness, simclr.contrast, simclr.saturation, simclr.hue) == (0.8, 0.8, 0.8, 0.2)
+    assert simclr.crop_scale == (0.08, 1.0) and simclr.blur_p == 0.5
+    moco1 = view_config("mocov1")
+    assert (moco1.hue, moco1.jitter_p, moco1.blur_p) == (0.4, 1.0, 0.0)
+    supcon = view_config("supcon")
+    assert (supcon.hue, supcon.jitter_p, supcon.gray_p, supcon.blur_p) == (0.1, 0.8, 0.2, 0.0)
+    assert view_config("sela").crop_scale == (0.08, 1.0)
+    assert view_config("none") == ViewConfig(**IDENTITY)
+    # overrides, lists from YAML become tuples, presets are not mutated
+    custom = view_config("simclr", blur_p=0.0, crop_scale=[0.5, 1.0])
+    assert custom.blur_p == 0.0 and custom.crop_scale == (0.5, 1.0)
+    assert VIEW_PRESETS["simclr"].blur_p == 0.5
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda: view_config("byol"), "'byol'"),
+    (lambda: view_config("mocov2", blur=0.3), "blur"),
+    (lambda: view_config("mocov2", flip_p=1.5), "flip_p"),
+    (lambda: view_config("mocov2", crop_scale=(0.5, 0.2)), "crop_scale"),
+    (lambda: view_config("mocov2", hue=0.7), "hue"),
+])
+def test_view_config_errors_name_the_culprit(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call()
+
+
+def test_blur_kernel_size_follows_simclr_rule():
+    # SimCLR: radius = (side // 10) // 2, kernel = 2 * radius + 1 (224 -> 23); here never below 3
+    assert [blur_kernel_size(s) for s in (8, 16, 32, 64, 96, 224)] == [3, 3, 3, 7, 9, 23]
+
+
+# ----------------------------------------------------------------------------- randomness
+
+
+def test_same_seed_same_views_other_seed_other_views():
+    images = random_images(16, 3, 32)
+    aug = ViewAugment(32, 3, *dataset_stats(3), view_config("simclr"))
+    first, again, other = aug(images, seeded(1)), aug(images, seeded(1)), aug(images, seeded(2))
+    assert torch.equal(first, again)
+    assert not torch.allclose(first, other)
+    # a generator advances: two views from one generator differ (the two-view case)
+    g = seeded(1)
+    assert not torch.allclose(aug(images, g), aug(images, g))
+
+
+def test_per_sample_parameters_differ_across_the_batch():
+    one = random_images(1, 3, 32)
+    batch = one.expand(64, -1, -1, -1).contiguous()
+    for preset in ("mocov2", "simclr", "supervised"):
+        out = ViewAugment(32, 3, *dataset_stats(3), view_config(preset))(batch, seeded(3))
+        flat = out.flatten(1)
+        distance = torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist")
+        off_diagonal = ~torch.eye(64, dtype=torch.bool)
+        assert (distance[off_diagonal] > 1e-3).all(), preset
+        assert (distance.diagonal() == 0).all()
+
+
+def test_probability_gates_hit_their_rate():
+    n = 4000
+    # flip: an image dark on the left; flipped samples are dark on the right
+    left_dark = torch.tensor([[0, 255]], dtype=torch.uint8).view(1, 1, 1, 2).expand(n, 1, 2, 2).contiguous()
+    out = ViewAugment(2, 1, *unit_stats(1), view_config("none", flip_p=0.5))(left_dark, seeded(0))
+    flipped = out[:, 0, 0, 0] > out[:, 0, 0, 1]
+    assert abs(flipped.float().mean().item() - 0.5) < 0.03
+    assert torch.equal(out[flipped], left_dark[flipped].flip(-1).float() / 255)
+    # grayscale: colour pixels with three different channels become grey at rate gray_p
+    colour = torch.tensor([10, 120, 250], dtype=torch.uint8).view(1, 3, 1, 1).expand(n, 3, 2, 2).contiguous()
+    out = ViewAugment(2, 3, *unit_stats(3), view_config("none", gray_p=0.3))(colour, seeded(0))
+    grey = (out[:, 0] == out[:, 1]).all(dim=(1, 2))
+    assert abs(grey.float().mean().item() - 0.3) < 0.03
+
+
+# ----------------------------------------------------------------------------- geometry
+
+
+@pytest.mark.parametrize("channels,size", [(1, 28), (3, 32), (3, 7)])
+def test_identity_config_returns_exactly_the_normalised_input(channels, size):
+    images = random_images(8, channels, size)
+    mean, std = dataset_stats(channels, images)
+    out = ViewAugment(size, channels, mean, std, ViewConfig(**IDENTITY))(images, seeded(0))
+    assert torch.equal(out, normalised(images, mean, std))
+    assert torch.equal(out, EvalTransform(size, channels, mean, std)(images))
+
+
+def test_flip_with_p1_equals_torch_flip():
+    images = random_images(8, 3, 32)
+    mean, std = dataset_stats(3)
+    out = ViewAugment(32, 3, mean, std, view_config("none", flip_p=1.0))(images, seeded(0))
+    assert torch.equal(out, torch.flip(normalised(images, mean, std), dims=[-1]))
+
+
+def test_flip_through_the_resampling_path_mirrors_the_resized_image():
+    # input 24 -> output 16: the affine grid path, with a negative x-scale for the flip
+    images = random_images(8, 3, 24)
+    mean, std = dataset_stats(3)
+    plain = ViewAugment(16, 3, mean, std, view_config("none"))(images, seeded(0))
+    flipped = ViewAugment(16, 3, mean, std, view_config("none", flip_p=1.0))(images, seeded(0))
+    torch.testing.assert_close(flipped, plain.flip(-1), atol=1e-5, rtol=0)
+
+
+def test_crop_matches_torchvision_resized_crop_with_the_drawn_boxes():
+    images = random_images(12, 3, 20)
+    cfg = view_config("supervised", flip_p=0.5)
+    out = ViewAugment(32, 3, *unit_stats(3), cfg)(images, seeded(7))
+    params = augment._draw_params(12, 20, 20, cfg, seeded(7))  # the same draws, replayed
+    for k in range(12):
+        box = [int(v[k]) for v in (params.top, params.left, params.height, params.width)]
+        expected = TF.resized_crop(images[k].float() / 255, *box, size=[32, 32], antialias=False)
+        if params.flip[k]:
+            expected = expected.flip(-1)
+        torch.testing.assert_close(out[k], expected, atol=2e-5, rtol=0)
+
+
+def test_crop_boxes_respect_scale_ratio_and_image_bounds():
+    cfg = view_config("mocov2", crop_scale=(0.2, 0.6))
+    top, left, height, width = augment._draw_crop_boxes(5000, 64, 48, cfg, seeded(0))
+    assert (top >= 0).all() and (left >= 0).all()
+    assert (top + height <= 64).all() and (left + width <= 48).all()
+    area = height * width / (64 * 48)
+    assert area.min() > 0.2 - 0.03 and area.max() < 0.6 + 0.03  # rounding to whole pixels
+    ratio = width / height
+    assert ratio.min() > 3 / 4 - 0.05 and ratio.max() < 4 / 3 + 0.05
+    assert height.unique().numel() > 10 and top.unique().numel() > 10  # truly per sample
+    # a box that can never fit falls back to torchvision's central crop
+    top, left, height, width = augment._draw_crop_boxes(4, 10, 40, view_config("none"), seeded(0))
+    assert height.tolist() == [10] * 4 and width.tolist() == [10] * 4 and left.tolist() == [15] * 4
+
+
+def test_crop_of_a_constant_image_stays_constant():
+    values = torch.arange(0, 256, 17)
+    images = constant_images(values, 3, 16)
+    out = ViewAugment(24, 3, *unit_stats(3), view_config("supervised", crop_scale=(0.08, 1.0)))(images, seeded(0))
+    expected = (values.float() / 255).view(-1, 1, 1, 1).expand_as(out)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- colour
+
+
+def test_brightness_scales_a_constant_image_within_the_factor_range():
+    b = 0.5
+    images = constant_images([60] * 512, 3, 8)
+    cfg = view_config("none", jitter_p=1.0, brightness=b, contrast=0.0, saturation=0.0, hue=0.0)
+    out = ViewAugment(8, 3, *unit_stats(3), cfg)(images, seeded(0))
+    assert (out.flatten(1).amax(1) - out.flatten(1).amin(1)).max() < 1e-6  # still constant
+    factor = out[:, 0, 0, 0] / (60 / 255)
+    assert factor.min() >= 1 - b - 1e-6 and factor.max() <= 1 + b + 1e-6
+    assert factor.min() < 1 - b + 0.02 and factor.max() > 1 + b - 0.02  # the whole range is used
+    # hand values: 60/255 * 1.5, and clamping at 1
+    torch.testing.assert_close(adjust_brightness(constant_images([60, 200], 3, 2).float() / 255,
+                                                 torch.tensor([1.5, 1.5]))[:, 0, 0, 0],
+                               torch.tensor([90 / 255, 1.0]))
+
+
+def test_grayscale_equals_itu_r_601_luma():
+    images = random_images(8, 3, 16)
+    cfg = view_config("none", gray_p=1.0)
+    out = ViewAugment(16, 3, *unit_stats(3), cfg)(images, seeded(0))
+    assert torch.equal(out[:, 0], out[:, 1]) and torch.equal(out[:, 1], out[:, 2])
+    rgb = images.float() / 255
+    luma = 0.299 * rgb[:, 0] + 0.587 * rgb[:, 1] + 0.114 * rgb[:, 2]
+    torch.testing.assert_close(out[:, 0], luma, atol=1e-6, rtol=0)
+
+
+def test_colour_ops_match_torchvision_per_image():
+    g = seeded(4)
+    x = torch.rand(6, 3, 9, 9, generator=g)
+    x[0, :, :3] = 0.5  # grey pixels
+    x[1, 1] = x[1, 0]  # ties between the largest channels
+    factors = 0.2 + 1.6 * torch.rand(6, generator=g)
+    shifts = torch.rand(6, generator=g) - 0.5
+    per_image = lambda fn, values: torch.stack([fn(img, float(v)) for img, v in zip(x, values)])
+    # torchvision's grey uses 0.2989 for red (we use ITU-R 601's 0.299): tiny differences
+    torch.testing.assert_close(adjust_contrast(x, factors), per_image(TF.adjust_contrast, factors), atol=3e-4, rtol=0)
+    torch.testing.assert_close(adjust_saturation(x, factors), per_image(TF.adjust_saturation, factors),
+                               atol=3e-4, rtol=0)
+    torch.testing.assert_close(adjust_hue(x, shifts), per_image(TF.adjust_hue, shifts), atol=5e-6, rtol=0)
+
+
+def test_hue_rotation_by_zero_and_by_a_full_turn_is_identity():
+    x = torch.rand(8, 3, 12, 12, generator=seeded(0))
+    torch.testing.assert_close(adjust_hue(x, torch.zeros(8)), x, atol=2e-6, rtol=0)
+    torch.testing.assert_close(adjust_hue(x, torch.ones(8)), x, atol=2e-6, rtol=0)
+    half = torch.full((8,), 0.5)
+    torch.testing.assert_close(adjust_hue(adjust_hue(x, half), half), x, atol=5e-6, rtol=0)
+    # a third of a turn maps pure red to pure green
+    red = torch.tensor([1.0, 0.0, 0.0]).view(1, 3, 1, 1)
+    torch.testing.assert_close(adjust_hue(red, torch.tensor([1 / 3])).flatten(), torch.tensor([0.0, 1.0, 0.0]),
+                               atol=1e-6, rtol=0)
+
+
+def test_saturation_and_hue_are_no_ops_on_one_channel():
+    x = torch.rand(4, 1, 8, 8, generator=seeded(0))
+    assert torch.equal(adjust_saturation(x, torch.full((4,), 0.1)), x)
+    assert torch.equal(adjust_hue(x, torch.full((4,), 0.3)), x)
+    images = random_images(4, 1, 8)
+    cfg = view_config("none", jitter_p=1.0, brightness=0.0, contrast=0.0, saturation=0.8, hue=0.4, gray_p=1.0)
+    out = ViewAugment(8, 1, *unit_stats(1), cfg)(images, seeded(0))
+    assert torch.equal(out, images.float() / 255)
+
+
+# ----------------------------------------------------------------------------- blur
+
+
+def test_blur_keeps_a_constant_image_and_its_mean():
+    images = constant_images([0, 37, 128, 255], 3, 32)
+    cfg = view_config("none", blur_p=1.0, blur_sigma=(0.1, 2.0))
+    out = ViewAugment(32, 3, *unit_stats(3), cfg)(images, seeded(0))
+    torch.testing.assert_close(out, images.float() / 255, atol=1e-6, rtol=0)
+
+
+def test_blur_matches_a_hand_computed_kernel_and_torchvision():
+    g = seeded(2)
+    x = torch.rand(5, 3, 12, 12, generator=g)
+    sigma = 0.1 + 1.9 * torch.rand(5, generator=g)
+    out = gaussian_blur(x, sigma, kernel_size=5)
+    # interior pixel by hand: separable weights exp(-t^2 / 2 sigma^2), normalised
+    t = torch.arange(-2, 3, dtype=torch.float32)
+    for k in range(5):
+        w = torch.exp(-t ** 2 / (2 * sigma[k] ** 2))
+        w = w / w.sum()
+        patch = x[k, :, 4:9, 4:9]
+        by_hand = torch.einsum("i,j,cij->c", w, w, patch)
+        torch.testing.assert_close(out[k, :, 6, 6], by_hand, atol=1e-6, rtol=0)
+        reference = TF.gaussian_blur(x[k], kernel_size=[5, 5], sigma=[float(sigma[k])] * 2)  # reflect padding
+        torch.testing.assert_close(out[k], reference, atol=1e-6, rtol=0)
+
+
+def test_blur_sigma_is_per_sample():
+    one = random_images(1, 3, 32)
+    batch = one.expand(32, -1, -1, -1).contiguous()
+    out = ViewAugment(32, 3, *unit_stats(3), view_config("none", blur_p=1.0, blur_sigma=(0.5, 2.0)))(batch, seeded(0))
+    sharpness = (out[..., 1:] - out[..., :-1]).abs().mean(dim=(1, 2, 3))  # less with a larger sigma
+    assert sharpness.unique().numel() == 32
+    assert (sharpness < (one.float() / 255).diff(dim=-1).abs().mean()).all()
+
+
+# ----------------------------------------------------------------------------- eval, stats
+
+
+def test_eval_transform_is_exact_normalisation():
+    images = random_images(8, 3, 32)
+    mean, std = dataset_stats(3, images)
+    out = EvalTransform(32, 3, mean, std)(images)
+    assert torch.equal(out, normalised(images, mean, std))
+
+
+def test_eval_transform_resizes_and_centre_crops_deterministically():
+    # a 20 x 30 image whose central 20 x 20 square is bright and whose side strips are dark
+    images = torch.zeros(2, 1, 20, 30, dtype=torch.uint8)
+    images[..., 5:25] = 200
+    evaluate = EvalTransform(10, 1, *unit_stats(1))
+    out = evaluate(images)
+    assert out.shape == (2, 1, 10, 10)
+    torch.testing.assert_close(out, torch.full_like(out, 200 / 255), atol=1e-6, rtol=0)
+    assert torch.equal(evaluate(images), out)
+
+
+def test_dataset_stats_from_images_and_imagenet_defaults():
+    images = random_images(50, 3, 8)
+    mean, std = dataset_stats(3, images)
+    pixels = images.double().div(255).transpose(0, 1).reshape(3, -1)
+    torch.testing.assert_close(torch.tensor(mean, dtype=torch.float64), pixels.mean(1))
+    torch.testing.assert_close(torch.tensor(std, dtype=torch.float64), pixels.std(1, unbiased=False))
+    assert dataset_stats(3) == ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    grey_mean, grey_std = dataset_stats(1)
+    assert math.isclose(grey_mean[0], 0.299 * 0.485 + 0.587 * 0.456 + 0.114 * 0.406)
+    assert len(grey_std) == 1 and 0.22 < grey_std[0] < 0.23
+    with pytest.raises(ValueError, match="3 channel"):
+        dataset_stats(3, random_images(4, 1, 8))
+    with pytest.raises(ValueError, match="constant"):
+        dataset_stats(1, constant_images([7, 7], 1, 4))
