@@ -97,7 +97,7 @@ def l2_normalise_like_vissl(x: np.ndarray) -> np.ndarray:
 
 
 def fit_svm(x: np.ndarray, y: np.ndarray, cost: float, pos_weight: float, seed: int) -> LinearSVC:
-    svm = LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual="auto", tol=SVM_TOL,
+    svm = LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual=False, tol=SVM_TOL,
                     max_iter=SVM_MAX_ITER, class_weight={1: pos_weight, -1: 1.0},
                     intercept_scaling=1.0, random_state=seed)
     return svm.fit(x, y)

@@ -263,8 +263,8 @@ def adjust_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     if x.shape[1] == 1:
         return x
     hue_sixths, value, chroma = _hue_value_chroma(x)
-    rotated = hue_sixths.unsqueeze(1) + 6 * _per_sample(shift)
-    k = torch.remainder(_HSV_CHANNEL_OFFSETS.to(x.device, x.dtype) + rotated, 6)
+    k = _HSV_CHANNEL_OFFSETS.to(x.device, x.dtype) + (hue_sixths.unsqueeze(1) + 6 * _per_sample(shift))
+    k = k - 6 * torch.floor(k / 6)  # mod 6 (torch.remainder is several times slower on CPU)
     ramp = torch.minimum(k, 4 - k).clamp_(0, 1)
     return value.unsqueeze(1) - chroma.unsqueeze(1) * ramp  # in [min, max]: no clamp needed
 
@@ -273,16 +273,20 @@ _HSV_CHANNEL_OFFSETS = torch.tensor([5.0, 3.0, 1.0]).view(1, 3, 1, 1)
 
 
 def _hue_value_chroma(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """HSV hue in sixths of a turn (any real; taken mod 6 later), value and chroma, each [n, H, W]."""
+    """HSV hue in sixths of a turn (in [-1, 5]), value and chroma, each [n, H, W]."""
     r, g, b = x.unbind(1)
     value = x.amax(dim=1)
     chroma = value - x.amin(dim=1)
-    safe_chroma = torch.where(chroma > 0, chroma, torch.ones_like(chroma))  # grey: hue is irrelevant
-    # The sector is set by the largest channel (ties: red, then green, as torchvision).
-    hue_sixths = torch.where(
-        r == value, (g - b) / safe_chroma,
-        torch.where(g == value, (b - r) / safe_chroma + 2, (r - g) / safe_chroma + 4),
-    )
+    # Grey pixels have zero differences, hence hue 0 here; their hue is irrelevant anyway.
+    inverse_chroma = 1 / chroma.clamp_min(1e-12)
+    hue_if_red_max = (g - b) * inverse_chroma
+    hue_if_green_max = (b - r) * inverse_chroma + 2
+    hue_if_blue_max = (r - g) * inverse_chroma + 4
+    # The largest channel picks the sector (ties: red, then green, as torchvision).  lerp
+    # with 0/1 weights selects exactly and is much faster than torch.where on CPU.
+    red_max = (r == value).to(x.dtype)
+    green_max = (g == value).to(x.dtype)
+    hue_sixths = torch.lerp(torch.lerp(hue_if_blue_max, hue_if_green_max, green_max), hue_if_red_max, red_max)
     return hue_sixths, value, chroma
 
 
@@ -467,15 +471,32 @@ class ViewAugment(nn.Module):
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
     def _jitter(self, x: torch.Tensor, params: _ViewParams, device: torch.device) -> None:
-        """Colour jitter in place, each sample's four ops in its own random order."""
-        factors = params.jitter_factors.to(device)
+        """Colour jitter in place, each sample's four ops in its own random order.
+
+        For each of the four slots the jittered samples are gathered sorted by the op
+        they get in that slot, so every op runs once on a contiguous slice; the chunk
+        stays gathered from slot to slot (one re-gather each) and is scattered back once.
+        """
+        jittered = params.jitter.nonzero().squeeze(1)
+        if jittered.numel() == 0 or not any(self._jitter_enabled):
+            return
+        factors = params.jitter_factors[jittered]
+        chunk, holds = x[jittered.to(device)], torch.arange(jittered.numel())  # row -> position in jittered
         for slot in range(4):
-            for op_index, op in enumerate(_JITTER_OPS):
-                if not self._jitter_enabled[op_index]:
-                    continue
-                chosen = params.jitter & (params.jitter_order[:, slot] == op_index)
-                if (idx := _indices(chosen, device)) is not None:
-                    x[idx] = op(x[idx], factors[idx, op_index])
+            op_of = params.jitter_order[jittered, slot]
+            wanted = torch.argsort(op_of, stable=True)  # positions in jittered, grouped by op
+            row_of_position = torch.empty_like(holds)
+            row_of_position[holds] = torch.arange(holds.numel())
+            chunk, holds = chunk[row_of_position[wanted].to(device)], wanted
+            counts = torch.bincount(op_of, minlength=4).tolist()
+            slot_factors = factors[wanted].to(device)
+            start = 0
+            for op_index, (op, count) in enumerate(zip(_JITTER_OPS, counts)):
+                if count and self._jitter_enabled[op_index]:
+                    part = slice(start, start + count)
+                    chunk[part] = op(chunk[part], slot_factors[part, op_index])
+                start += count
+        x[jittered[holds].to(device)] = chunk
 
 
 class EvalTransform(nn.Module):
