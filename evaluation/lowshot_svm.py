@@ -7,7 +7,7 @@ k labelled train samples per class for each k in `ks`, `num_draws` independent d
 liblinear's dual solver where samples <= dims (VISSL's case), else
 its primal solver (same objective, far faster there at large C: sklearn's dual="auto");
 mean / std / min / max over draws of the test mAP (the mean of per-class AP of the decision
-scores). Single-label: k samples of every class, AP from sklearn's average_precision_score,
+scores). Single-label: k samples of every class, AP as sklearn's average_precision_score,
 plus top-1 of the argmax over class scores. Multilabel (VOC07, targets [N, C]): for each
 class its own k positives and (C - 1) * k negatives, as VISSL samples them; difficult
 samples never train and are left out of that class's AP, computed as VISSL does (area under
@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.metrics import average_precision_score
 from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import LinearSVC
 
@@ -96,11 +95,48 @@ def l2_normalise_like_vissl(x: np.ndarray) -> np.ndarray:
     return x / (np.linalg.norm(x, axis=1, keepdims=True) + 1e-5)
 
 
-def fit_svm(x: np.ndarray, y: np.ndarray, cost: float, pos_weight: float, seed: int) -> LinearSVC:
-    svm = LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual=False, tol=SVM_TOL,
-                    max_iter=SVM_MAX_ITER, class_weight={1: pos_weight, -1: 1.0},
-                    intercept_scaling=1.0, random_state=seed)
-    return svm.fit(x, y)
+def make_svm(cost: float, class_weight: dict, n_samples: int, n_dims: int, seed: int) -> LinearSVC:
+    return LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual=n_samples <= n_dims, tol=SVM_TOL,
+                     max_iter=SVM_MAX_ITER, class_weight=class_weight, intercept_scaling=1.0,
+                     random_state=seed)
+
+
+def ovr_scores(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, cost: float, pos_weight: float,
+               seed: int, counter: dict) -> np.ndarray:
+    """Decision scores [n_eval, n_classes] of one-vs-rest SVMs with VISSL's class_weight
+    {+1: pos_weight, -1: 1}; y_fit holds class ids 0..C-1 (all present), or +-1 for one class.
+
+    With more than two classes liblinear fits the C one-vs-rest problems in one call, giving
+    the positive side of problem c the cost C * class_weight[c] and the negative side C: with
+    class_weight[c] = pos_weight for every c that is exactly the per-class binary SVM (a test
+    checks it), at a tenth of the Python overhead.
+    """
+    classes = np.unique(y_fit)
+    if set(classes) <= {-1, 1}:
+        class_weight, targets = {1: pos_weight, -1: 1.0}, y_fit
+    elif len(classes) == 2:  # liblinear would fit one problem with both sides weighted: split it
+        return np.concatenate([ovr_scores(x_fit, np.where(y_fit == c, 1, -1), x_eval, cost, pos_weight,
+                                          seed, counter) for c in classes], axis=1)
+    else:
+        class_weight, targets = {int(c): pos_weight for c in classes}, y_fit
+    svm = make_svm(cost, class_weight, *x_fit.shape, seed).fit(x_fit, targets)
+    counter["fits"] += 1
+    counter["not_converged"] += int(np.max(svm.n_iter_) >= SVM_MAX_ITER)
+    scores = svm.decision_function(x_eval)
+    return scores[:, None] if scores.ndim == 1 else scores
+
+
+def average_precision(is_positive: np.ndarray, scores: np.ndarray) -> float:
+    """sklearn's average_precision_score (sum over score thresholds of recall step x precision),
+    without its input checks: it runs thousands of times per evaluation. Tests compare the two."""
+    order = np.argsort(-scores, kind="stable")
+    hits = np.asarray(is_positive, dtype=np.float64)[order]
+    sorted_scores = scores[order]
+    last_of_tie = np.r_[np.flatnonzero(np.diff(sorted_scores)), len(hits) - 1]
+    true_pos = np.cumsum(hits)[last_of_tie]
+    precision = true_pos / (last_of_tie + 1)
+    recall_step = np.diff(np.r_[0.0, true_pos / true_pos[-1]])
+    return float(np.sum(recall_step * precision))
 
 
 def voc_ap(is_positive: np.ndarray, scores: np.ndarray) -> float:
@@ -118,26 +154,34 @@ def voc_ap(is_positive: np.ndarray, scores: np.ndarray) -> float:
     return float(np.sum((recall[steps] - recall[steps - 1]) * precision[steps]))
 
 
+def class_mean_ap(scores: np.ndarray, labels: np.ndarray, ap=average_precision) -> float:
+    """Mean over classes (columns) of AP. Single-label `labels` are class ids; multilabel are
+    VOC codes, difficult samples left out of their class. Classes without a positive are skipped."""
+    aps = []
+    for c in range(scores.shape[1]):
+        if labels.ndim == 1:
+            keep, positive = slice(None), labels == c
+        else:
+            keep = labels[:, c] != DIFFICULT
+            positive = labels[keep, c] == POSITIVE
+        if positive.any():
+            aps.append(ap(positive, scores[keep, c]))
+    return float(np.mean(aps))
+
+
 # ---------------------------------------------------------------- one draw
 class Task:
-    """One binary one-vs-rest problem: train rows of the normalised train matrix, targets +-1."""
+    """One problem solved by `ovr_scores`: train rows of the normalised train matrix and their
+    targets (class ids for the shared single-label set; +-1 for one VOC class)."""
 
     def __init__(self, rows: np.ndarray, y: np.ndarray):
         self.rows, self.y = rows, y
 
 
 def draw_tasks(train_labels: np.ndarray, draw) -> list[Task]:
-    if train_labels.ndim == 1:  # one shared low-shot set; class c against the rest
-        sub = train_labels[draw]
-        return [Task(draw, np.where(sub == c, 1, -1)) for c in np.unique(train_labels)]
+    if train_labels.ndim == 1:  # one shared low-shot set, all classes in one OvR call
+        return [Task(draw, train_labels[draw])]
     return [Task(rows, np.where(train_labels[rows, c] == POSITIVE, 1, -1)) for c, rows in enumerate(draw)]
-
-
-def fit_svm_counted(x: np.ndarray, y: np.ndarray, cost: float, used: dict, seed: int, counter: dict):
-    svm = fit_svm(x, y, cost, used["pos_weight"], seed)
-    counter["fits"] += 1
-    counter["not_converged"] += int(svm.n_iter_ >= SVM_MAX_ITER)
-    return svm
 
 
 def choose_cost(x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int,
@@ -150,34 +194,20 @@ def choose_cost(x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int,
     for t, task in enumerate(tasks):
         splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed_for(seed, t))
         for fit, val in splitter.split(task.rows, task.y):
+            val_labels = task.y[val] if len(tasks) == 1 else np.where(task.y[val] == 1, POSITIVE, NEGATIVE)[:, None]
             for i, cost in enumerate(used["cost_grid"]):
-                svm = fit_svm_counted(x[task.rows[fit]], task.y[fit], cost, used, seed, counter)
-                cv_ap[i] += average_precision_score(task.y[val] == 1, svm.decision_function(x[task.rows[val]]))
+                scores = ovr_scores(x[task.rows[fit]], task.y[fit], x[task.rows[val]], cost,
+                                    used["pos_weight"], seed, counter)
+                cv_ap[i] += class_mean_ap(scores, val_labels)
     best = int(np.argmax(cv_ap))  # first maximum: the smallest cost among ties
     return float(used["cost_grid"][best]), "cv"
 
 
 def test_scores(x: np.ndarray, tasks: list[Task], x_test: np.ndarray, cost: float, used: dict, seed: int,
                 counter: dict) -> np.ndarray:
-    """Decision scores [n_test, n_classes] of each class's SVM trained at `cost`."""
-    return np.stack([fit_svm_counted(x[task.rows], task.y, cost, used, seed, counter).decision_function(x_test)
-                     for task in tasks], axis=1)
-
-
-def mean_ap(scores: np.ndarray, test_labels: np.ndarray) -> float:
-    """Mean over classes of test AP (classes with no test positive are left out)."""
-    aps = []
-    for c in range(scores.shape[1]):
-        if test_labels.ndim == 1:
-            positive = test_labels == c
-            if positive.any():
-                aps.append(average_precision_score(positive, scores[:, c]))
-        else:
-            keep = test_labels[:, c] != DIFFICULT
-            positive = test_labels[keep, c] == POSITIVE
-            if positive.any():
-                aps.append(voc_ap(positive, scores[keep, c]))
-    return float(np.mean(aps))
+    """Decision scores [n_test, n_classes] of the SVMs trained on the whole draw at `cost`."""
+    return np.concatenate([ovr_scores(x[task.rows], task.y, x_test, cost, used["pos_weight"], seed, counter)
+                           for task in tasks], axis=1)
 
 
 # ---------------------------------------------------------------- protocol
@@ -214,7 +244,8 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
         cost, rule = choose_cost(x, tasks, k, used, draw_seed, counter)
         scores = test_scores(x, tasks, x_test, cost, used, draw_seed, counter)
         top1 = None if multilabel else float(np.mean(scores.argmax(1) == test_labels))
-        return {"k": k, "cost": cost, "rule": rule, "map": mean_ap(scores, test_labels), "top1": top1, **counter}
+        test_map = class_mean_ap(scores, test_labels, ap=voc_ap if multilabel else average_precision)
+        return {"k": k, "cost": cost, "rule": rule, "map": test_map, "top1": top1, **counter}
 
     jobs = [(k, d, draw) for k in ks_run
             for d, draw in enumerate(sampler(train_labels, k, int(used["num_draws"]), seed))]
@@ -239,8 +270,8 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
         labels="multilabel (VOC codes 1/-1/0)" if multilabel else "single-label",
         cost_rule=f"stratified {used['cv_folds']}-fold CV on the low-shot set (folds = min(cv_folds, k)), "
                   "best class-mean AP, ties -> smaller cost; k = 1: fallback_cost",
-        ap="VOC interpolated (VISSL)" if multilabel else "sklearn average_precision_score",
-        svm={"loss": "squared_hinge", "penalty": "l2", "dual": "auto (primal when samples > dims)", "tol": SVM_TOL,
+        ap="VOC interpolated (VISSL)" if multilabel else "average precision as sklearn's average_precision_score",
+        svm={"loss": "squared_hinge", "penalty": "l2", "dual": "when samples <= dims, else primal", "tol": SVM_TOL,
              "max_iter": SVM_MAX_ITER, "intercept_scaling": 1.0, "features": "L2-normalised (norm + 1e-5)"},
         svm_fits=counter["fits"], svm_fits_not_converged=counter["not_converged"],
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from . import distributed as dist
 from . import io
 from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
 from .backbones import create_backbone
@@ -37,12 +38,28 @@ def select_device(requested: str = "auto") -> torch.device:
     return torch.device(requested)
 
 
-def seed_everything(seed: int) -> torch.Generator:
-    """Seed torch's global RNG (weights, dropout) and return the generator for data order and views."""
-    torch.manual_seed(seed)
-    generator = torch.Generator()
-    generator.manual_seed(seed + 1_000_003)
-    return generator
+def epoch_generators(seed: int, epoch: int, rank: int) -> tuple[torch.Generator, torch.Generator]:
+    """(data order, views) generators of one epoch, and the global RNG (methods' own randomness).
+
+    Everything random is re-seeded from (seed, epoch, rank) at each epoch start, so a resumed run
+    draws exactly what an uninterrupted one draws, with no RNG state to checkpoint. The data order
+    is the same on every rank (each takes its shard of each batch); views differ per rank.
+    """
+    order = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    views = torch.Generator().manual_seed(seed * 1_000_003 + epoch * 1_009 + rank * 7_919 + 17)
+    torch.manual_seed(seed * 1_000_003 + epoch * 1_013 + rank * 7_927 + 29)
+    return order, views
+
+
+class _TrainingLoss(torch.nn.Module):
+    """Lets DistributedDataParallel wrap ``training_loss``, which is not ``forward``."""
+
+    def __init__(self, method: Method):
+        super().__init__()
+        self.method = method
+
+    def forward(self, views, labels, indices):
+        return self.method.training_loss(views, labels, indices)
 
 
 def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) -> Method:
@@ -109,10 +126,10 @@ class Trainer:
                  device: str = "auto", progress: bool = True):
         self.cfg, self.seed, self.out_dir = cfg, seed, Path(out_dir)
         self.train_cfg = cfg["train"]
-        self.device = select_device(device)
-        self.progress = progress
+        self.device = dist.init_from_env(device)
+        self.world, self.rank = dist.world_size(), dist.rank()
+        self.progress = progress and dist.is_main()
         self.data = load_data(cfg)
-        self.generator = seed_everything(seed)
         self.method = build_method(method_dir, cfg, self.data, seed).to(self.device)
         mean, std = normalisation(self.data)
         size, channels = self.data.image_size, self.data.channels
@@ -130,31 +147,45 @@ class Trainer:
                 f"config key `train.batch_size` = {self.batch_size} exceeds the {len(self.labels)} training "
                 f"images of {cfg['dataset']['name']}; use a batch size of at most {len(self.labels)}"
             )
+        if self.batch_size % self.world:
+            raise ValueError(f"config key `train.batch_size` = {self.batch_size} (the global batch) must be "
+                             f"divisible by the {self.world} processes")
+        self.local_batch = self.batch_size // self.world
         self.steps_per_epoch = len(self.labels) // self.batch_size  # drop_last: fixed-size batches (queues)
         params = [p for p in self.method.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, self.train_cfg) if params else None
+        self.loss_fn = _TrainingLoss(self.method)
+        if self.world > 1 and params:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.on_cuda else None
+            self.loss_fn = DistributedDataParallel(self.loss_fn, device_ids=ids)
         self.state = TrainState()
         self.log_rows: list[dict] = []
 
     # --- data -------------------------------------------------------------------------------
-    def _views(self, images: torch.Tensor) -> list[torch.Tensor]:
-        views = [self.augment(images, self.generator) for _ in range(self.method.num_views)]
+    def _views(self, images: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
+        views = [self.augment(images, generator) for _ in range(self.method.num_views)]
         if self.on_cuda and self.train_cfg.get("channels_last", True):
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
         return views
 
     @torch.no_grad()
     def forward_train_set(self, fn) -> torch.Tensor:
-        """``fn`` on every training image (evaluation transform, dataset order)."""
+        """``fn`` on every training image (evaluation transform, dataset order), on every rank.
+
+        Under DDP each rank computes a contiguous shard and the shards are gathered in order.
+        """
         was_training = self.method.training
         self.method.eval()
+        mine = self.images[dist.shard(len(self.images))]
         outputs = []
-        for start in range(0, len(self.images), 1024):
-            x = self.eval_transform(self.images[start:start + 1024])
+        for start in range(0, len(mine), 1024):
+            x = self.eval_transform(mine[start:start + 1024])
             with self._autocast():
                 outputs.append(fn(x).float())
         self.method.train(was_training)
-        return torch.cat(outputs)
+        return dist.gather_uneven(torch.cat(outputs))
 
     def _autocast(self):
         enabled = self.on_cuda and self.train_cfg.get("amp", True)
@@ -171,12 +202,12 @@ class Trainer:
             "epoch": self.state.epoch, "step": self.state.step, "last_finite_loss": self.state.last_finite_loss,
             "method_state": self.method.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-            "rng": {"torch": torch.get_rng_state(), "generator": self.generator.get_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if self.on_cuda else None},
             "log": self.log_rows, "cfg": self.cfg, "seed": self.seed,
         }
 
     def _save_epoch_checkpoint(self) -> None:
+        if not dist.is_main():
+            return
         folder = self.out_dir / CHECKPOINT_DIR
         io.save_torch(folder / f"epoch_{self.state.epoch:04d}.pt", self._checkpoint())
         for old in sorted(folder.glob("epoch_*.pt"))[:-KEEP_CHECKPOINTS]:
@@ -196,10 +227,6 @@ class Trainer:
                 continue
             if self.optimizer is not None:
                 self.optimizer.load_state_dict(ckpt["optimizer"])
-            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-            self.generator.set_state(ckpt["rng"]["generator"].cpu())
-            if self.on_cuda and ckpt["rng"]["cuda"] is not None:
-                torch.cuda.set_rng_state_all([s.cpu() for s in ckpt["rng"]["cuda"]])
             self.state = TrainState(ckpt["epoch"], ckpt["step"], ckpt["last_finite_loss"])
             self.log_rows = ckpt["log"]
             print(f"[sslbench] resumed from {path} (epoch {self.state.epoch})")
@@ -221,25 +248,27 @@ class Trainer:
 
     def train_epoch(self) -> dict:
         epoch = self.state.epoch
+        order_gen, view_gen = epoch_generators(self.seed, epoch, self.rank)
         self.method.train()
         ctx = self._context()
         t0 = time.perf_counter()
         self.method.on_epoch_start(ctx)
         hook_seconds = time.perf_counter() - t0
-        order = torch.randperm(len(self.labels), generator=self.generator).to(self.device)
+        order = torch.randperm(len(self.labels), generator=order_gen).to(self.device)
+        mine = slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
         total, seen = 0.0, 0
         t_steps = time.perf_counter()
         bar = tqdm(range(self.steps_per_epoch), desc=f"{self.cfg['method']} epoch {epoch + 1}",
                    disable=not self.progress, leave=False)
         for batch in bar:
-            idx = order[batch * self.batch_size:(batch + 1) * self.batch_size]
+            idx = order[batch * self.batch_size:(batch + 1) * self.batch_size][mine]
             lr = learning_rate(self.train_cfg, self.state.step, self.steps_per_epoch)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            views = self._views(self.images[idx])
+            views = self._views(self.images[idx], view_gen)
             labels = self.labels[idx] if self.method.needs_labels else None
             with self._autocast():
-                loss = self.method.training_loss(views, labels, idx)
+                loss = self.loss_fn(views, labels, idx)
             value = self._check_finite(loss, batch)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -248,7 +277,7 @@ class Trainer:
             ctx.step = self.state.step
             self.method.on_step_end(ctx)
             total += value
-            seen += len(idx)
+            seen += len(idx) * self.world
             bar.set_postfix(loss=f"{value:.4f}")
         if self.on_cuda:
             torch.cuda.synchronize()
@@ -279,6 +308,8 @@ class Trainer:
         return self._save_final(time.perf_counter() - start)
 
     def _write_log(self) -> None:
+        if not dist.is_main():
+            return
         import pandas as pd
 
         columns = ["epoch", "loss", "lr", "images_per_s", "seconds", "hook_seconds"]
@@ -290,6 +321,8 @@ class Trainer:
         meta = {
             "method": self.cfg["method"], "dataset": self.cfg["dataset"]["name"], "seed": self.seed,
             "epochs_trained": self.state.epoch, "steps": self.state.step, "batch_size": self.batch_size,
+            "world_size": self.world, "batch_per_process": self.local_batch,
+            "lr_scaling": "none: train.lr is used as given for the global batch train.batch_size",
             "image_size": self.data.image_size, "channels": self.data.channels,
             "num_classes": self.data.num_classes, "backbone": self.cfg["backbone"]["name"],
             "small_stem": bool(self.cfg["backbone"].get("small_stem", False)),
@@ -299,10 +332,12 @@ class Trainer:
             "peak_gpu_memory_bytes": peak,
             **provenance(self.device),
         }
+        path = self.out_dir / "checkpoint.pt"
+        if not dist.is_main():
+            return path
         mean, std = normalisation(self.data)
         ckpt = {"encoder": self.method.encoder().state_dict(), "method_state": self.method.state_dict(),
                 "cfg": self.cfg, "seed": self.seed, "meta": meta, "normalisation": {"mean": mean, "std": std}}
-        path = self.out_dir / "checkpoint.pt"
         io.save_torch(path, ckpt)
         io.write_json(self.out_dir / "run.json", {"cfg": self.cfg, "meta": meta})
         return path
@@ -310,4 +345,7 @@ class Trainer:
 
 def pretrain(method_dir: str | Path, cfg: dict, seed: int, out_dir: str | Path, device: str = "auto",
              progress: bool = True) -> Path:
-    return Trainer(method_dir, cfg, seed, out_dir, device=device, progress=progress).fit()
+    """Train one (method, seed); under torchrun, every process calls this and rank 0 writes."""
+    path = Trainer(method_dir, cfg, seed, out_dir, device=device, progress=progress).fit()
+    dist.barrier()
+    return path

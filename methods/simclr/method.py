@@ -6,6 +6,7 @@
 import torch
 import torch.nn.functional as F
 
+from sslbench.distributed import gather_with_grad
 from sslbench.losses import supcon
 from sslbench.method import Method, projection_mlp
 
@@ -21,5 +22,6 @@ class SimCLR(Method):
 
     def training_loss(self, views, labels, indices):
         z = torch.stack([F.normalize(self.projector(self.backbone(v)), dim=1) for v in views], dim=1)
+        z = gather_with_grad(z)  # under DDP: negatives from every rank, as SimCLR's cross-replica loss
         # NT-Xent has no T / base_T rescaling: base_temperature = temperature.
         return supcon(z, labels=None, temperature=self.temperature, base_temperature=self.temperature)

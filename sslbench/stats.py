@@ -1,0 +1,281 @@
+"""Statistics over seeds: summaries, paired method comparisons, the headline table,
+and our numbers beside the papers'.
+
+Every function takes the long-format ``results/table.csv`` (one row per dataset,
+method, seed, protocol, metric) or its summary, and returns a DataFrame.
+
+Undefined statistics stay missing, never invented: with one seed the standard
+deviation and the confidence interval do not exist, so ``std`` and ``ci95`` are
+NaN in the DataFrame, an empty cell in a CSV, and "—" / "(n=1)" on display. A
+zero would claim a certainty that one seed cannot give.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from .config import ConfigError, deep_merge, load_yaml, resolve_method_config
+
+ALPHA = 0.05
+MISSING = "—"
+GROUP = ["dataset", "method", "protocol", "metric"]
+
+# The headline: (column label, protocol, metric). Higher is better for all of them.
+HEADLINE = [
+    ("kNN top-1 (k200_t0.1)", "knn", "top1_k200_t0.1"),
+    ("linear top-1", "linear", "top1"),
+    ("low-shot mAP k=1", "lowshot_svm", "map_k1_mean"),
+    ("low-shot mAP k=8", "lowshot_svm", "map_k8_mean"),
+    ("semi-sup 1% top-1", "semisup", "top1_1pct"),
+    ("semi-sup 10% top-1", "semisup", "top1_10pct"),
+    ("AMI", "clustering", "ami"),
+]
+
+
+class TableError(ValueError):
+    pass
+
+
+def check_table(table: pd.DataFrame, where: str = "results/table.csv") -> pd.DataFrame:
+    required = ["dataset", "method", "seed", "protocol", "metric", "value"]
+    missing = [c for c in required if c not in table.columns]
+    if missing:
+        raise TableError(f"{where}: missing column(s) {missing}; rebuild it with `sslbench collect` "
+                         "(snakemake results/table.csv)")
+    values = pd.to_numeric(table["value"], errors="coerce")
+    bad = table[~np.isfinite(values)]
+    if len(bad):
+        row = bad.iloc[0]
+        raise TableError(f"{where}: non-numeric or non-finite value {row['value']!r} for {row['method']} seed "
+                         f"{row['seed']} {row['protocol']}/{row['metric']}; delete that result JSON and rerun")
+    duplicated = table.duplicated(["dataset", "method", "seed", "protocol", "metric"])
+    if duplicated.any():
+        row = table[duplicated].iloc[0]
+        raise TableError(f"{where}: two rows for {row['dataset']}/{row['method']} seed {row['seed']} "
+                         f"{row['protocol']}/{row['metric']}; rebuild the table with `sslbench collect`")
+    return table.assign(value=values.astype(float))
+
+
+def ci95_halfwidth(std: float, n: int) -> float:
+    """Half-width of the two-sided 95% Student-t interval for a mean of n values (NaN for n < 2)."""
+    if n < 2 or not math.isfinite(std):
+        return math.nan
+    return float(scipy_stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
+
+
+def summarise(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, method, protocol, metric): mean, std (ddof=1), ci95 half-width, n seeds."""
+    table = check_table(table)
+    grouped = table.groupby(GROUP, sort=True)["value"]
+    out = grouped.agg(mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else math.nan, n="count")
+    out = out.reset_index()
+    out["n"] = out["n"].astype(int)
+    out["ci95"] = [ci95_halfwidth(s, n) for s, n in zip(out["std"], out["n"])]
+    return out[GROUP + ["mean", "std", "ci95", "n"]]
+
+
+def paired_test(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided paired t-test p-value of a vs b (NaN for fewer than 2 pairs).
+
+    Identical differences have no spread: p is 1 when they are all zero and 0 otherwise
+    (the t statistic's limit), where scipy would warn and return NaN.
+    """
+    diff = np.asarray(a, float) - np.asarray(b, float)
+    if len(diff) < 2:
+        return math.nan
+    if np.allclose(diff, diff[0], rtol=0, atol=1e-15):
+        return 1.0 if abs(diff[0]) <= 1e-15 else 0.0
+    return float(scipy_stats.ttest_rel(a, b).pvalue)
+
+
+def verdict(method_a: str, method_b: str, mean_diff: float, p_value: float, n: int, alpha: float = ALPHA) -> str:
+    if n < 2:
+        return "untested (n < 2)"
+    if p_value < alpha:
+        return f"{method_a} > {method_b}" if mean_diff > 0 else f"{method_b} > {method_a}"
+    return "within noise"
+
+
+def paired_comparison(table: pd.DataFrame, protocol: str, metric: str, alpha: float = ALPHA) -> pd.DataFrame:
+    """Every pair of methods on one metric, per dataset, paired by seed.
+
+    mean_diff = mean over shared seeds of (A - B); p_value from scipy.stats.ttest_rel; the verdict
+    names the better method when p < alpha, else "within noise" ("untested (n < 2)" with one seed).
+    p-values are per pair, not corrected for the number of pairs.
+    """
+    table = check_table(table)
+    rows = []
+    subset = table[(table["protocol"] == protocol) & (table["metric"] == metric)]
+    for dataset, data in subset.groupby("dataset", sort=True):
+        wide = data.pivot(index="seed", columns="method", values="value")
+        for a, b in itertools.combinations(sorted(wide.columns), 2):
+            pair = wide[[a, b]].dropna()
+            n = len(pair)
+            if n == 0:
+                continue
+            diff = float((pair[a] - pair[b]).mean())
+            p = paired_test(pair[a].to_numpy(), pair[b].to_numpy())
+            rows.append({"dataset": dataset, "protocol": protocol, "metric": metric, "method_a": a,
+                         "method_b": b, "mean_diff": diff, "p_value": p, "n": n,
+                         "verdict": verdict(a, b, diff, p, n, alpha)})
+    columns = ["dataset", "protocol", "metric", "method_a", "method_b", "mean_diff", "p_value", "n", "verdict"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def headline_comparisons(table: pd.DataFrame) -> pd.DataFrame:
+    """paired_comparison for every headline metric present in the table."""
+    present = set(zip(table["protocol"], table["metric"]))
+    frames = [paired_comparison(table, p, m) for _, p, m in HEADLINE if (p, m) in present]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else paired_comparison(table.iloc[:0], "", "")
+
+
+# --------------------------------------------------------------------------- headline
+def headline_stats(summary: pd.DataFrame, dataset: str | None = None) -> dict[str, pd.DataFrame]:
+    """mean, std and n as (method × headline column) frames; NaN where a method lacks the metric."""
+    if dataset is not None:
+        summary = summary[summary["dataset"] == dataset]
+    datasets = summary["dataset"].unique()
+    if len(datasets) > 1:
+        raise TableError(f"the summary holds several datasets {sorted(datasets)}; pass dataset= to pick one")
+    methods = sorted(summary["method"].unique())
+    labels = [label for label, _, _ in HEADLINE]
+    out = {k: pd.DataFrame(np.nan, index=pd.Index(methods, name="method"), columns=labels) for k in ("mean", "std", "n")}
+    keyed = summary.set_index(["method", "protocol", "metric"])
+    for label, protocol, metric in HEADLINE:
+        for method in methods:
+            if (method, protocol, metric) in keyed.index:
+                row = keyed.loc[(method, protocol, metric)]
+                for k in out:
+                    out[k].loc[method, label] = row[k]
+    return out
+
+
+def percent(value: float) -> str:
+    """Fractions are displayed in percent with two decimals."""
+    return f"{100 * value:.2f}"
+
+
+def mean_pm_std(mean: float, std: float, n: float) -> str:
+    if not math.isfinite(mean):
+        return MISSING
+    if n < 2 or not math.isfinite(std):
+        return f"{percent(mean)} (n=1)"
+    return f"{percent(mean)} ± {percent(std)}"
+
+
+def best_methods(means: pd.DataFrame) -> dict[str, set[str]]:
+    """Per column, the method(s) with the highest mean, as displayed (ties at display precision share it)."""
+    best = {}
+    for column in means.columns:
+        shown = means[column].dropna().map(percent).astype(float)
+        best[column] = set(shown.index[shown == shown.max()]) if len(shown) else set()
+    return best
+
+
+def headline_table(summary: pd.DataFrame, dataset: str | None = None) -> pd.DataFrame:
+    """Methods × headline columns of "mean ± std" strings (percent); missing columns are "—"."""
+    parts = headline_stats(summary, dataset)
+    cells = {column: [mean_pm_std(parts["mean"].loc[m, column], parts["std"].loc[m, column],
+                                  parts["n"].loc[m, column]) for m in parts["mean"].index]
+             for column in parts["mean"].columns}
+    return pd.DataFrame(cells, index=parts["mean"].index)
+
+
+# --------------------------------------------------------------------------- reproduced vs reported
+def read_paper_results(methods_dir: str | Path) -> pd.DataFrame:
+    """Every methods/<name>/paper.yaml entry (folders starting with _ or . are templates, skipped)."""
+    rows = []
+    required = ["dataset", "backbone", "epochs", "protocol", "metric", "value", "source"]
+    for path in sorted(Path(methods_dir).glob("*/paper.yaml")):
+        method = path.parent.name
+        if method.startswith(("_", ".")):
+            continue
+        entries = load_yaml(path).get("results", []) or []
+        if not isinstance(entries, list):
+            raise ConfigError(f"{path}: `results` must be a list of {{{', '.join(required)}}} entries")
+        for i, entry in enumerate(entries):
+            missing = [k for k in required if not isinstance(entry, dict) or k not in entry]
+            if missing:
+                raise ConfigError(f"{path}: results[{i}] lacks {missing}; every entry needs {required}")
+            rows.append({"method": method, **{k: entry[k] for k in required}})
+    frame = pd.DataFrame(rows, columns=["method"] + required)
+    return frame.rename(columns={"value": "reported", "epochs": "paper_epochs", "backbone": "paper_backbone"})
+
+
+def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str) -> list[dict]:
+    """(preset file, dataset, backbone, epochs) that each config/*.yaml gives this method.
+
+    A preset is merged over config/default.yaml, as Snakemake's --configfile does, and the
+    method's own config.yaml may change its epochs, so the method's config is resolved.
+    """
+    config_dir = Path(config_dir)
+    default_path = config_dir / "default.yaml"
+    default = load_yaml(default_path) if default_path.exists() else {}
+    out = []
+    for path in sorted(config_dir.glob("*.yaml")):
+        if path.name == "schema.yaml":
+            continue
+        cfg = deep_merge(default, load_yaml(path)) if path != default_path else default
+        try:
+            resolved = resolve_method_config(cfg, methods_dir, method)
+        except (ConfigError, KeyError):
+            continue  # a preset that cannot run this method cannot reproduce its numbers
+        out.append({"preset": f"{config_dir.name}/{path.name}", "stem": path.stem,
+                    "dataset": resolved["dataset"].get("name"), "backbone": resolved["backbone"].get("name"),
+                    "epochs": resolved["train"].get("epochs")})
+    return out
+
+
+def reproduce_hint(entry: pd.Series, presets: list[dict]) -> str:
+    """Which preset would reproduce a reported number, or what one would need."""
+    def same_dataset(p):  # imagefolder presets are named after their data (config/imagenet.yaml)
+        return entry["dataset"] in (p["dataset"], p["stem"])
+
+    exact = [p["preset"] for p in presets if same_dataset(p) and p["backbone"] == entry["paper_backbone"]
+             and p["epochs"] == entry["paper_epochs"]]
+    if exact:
+        return "run with --configfile " + " or ".join(exact)
+    close = [p for p in presets if same_dataset(p) and p["backbone"] == entry["paper_backbone"]]
+    if close:
+        p = close[0]
+        return (f"closest preset {p['preset']} trains {p['epochs']} epochs (paper: {entry['paper_epochs']}); "
+                f"set train.epochs: {entry['paper_epochs']}")
+    return (f"no preset: needs dataset {entry['dataset']}, backbone {entry['paper_backbone']}, "
+            f"{entry['paper_epochs']} epochs")
+
+
+def reproduced_vs_reported(table: pd.DataFrame, methods_dir: str | Path, config_dir: str | Path) -> pd.DataFrame:
+    """Each paper.yaml number beside ours under the same dataset, backbone and epochs.
+
+    ours/std/n are the mean, std and seed count of our runs with the paper's settings, gap = ours -
+    reported; where we have no such run, ``reproduce`` names the preset that would produce one.
+    """
+    table = check_table(table)
+    paper = read_paper_results(methods_dir)
+    rows = []
+    for _, entry in paper.iterrows():
+        ours = table[(table["method"] == entry["method"]) & (table["dataset"] == entry["dataset"])
+                     & (table["protocol"] == entry["protocol"]) & (table["metric"] == entry["metric"])]
+        if "backbone" in ours:
+            ours = ours[ours["backbone"].astype(str) == str(entry["paper_backbone"])]
+        if "epochs" in ours:
+            ours = ours[pd.to_numeric(ours["epochs"], errors="coerce") == float(entry["paper_epochs"])]
+        row = entry.to_dict()
+        if len(ours):
+            values = ours["value"]
+            std = values.std(ddof=1) if len(values) > 1 else math.nan
+            row.update(ours=values.mean(), std=std, n=len(values), gap=values.mean() - float(entry["reported"]),
+                       reproduce="")
+        else:
+            row.update(ours=math.nan, std=math.nan, n=0, gap=math.nan,
+                       reproduce=reproduce_hint(entry, preset_settings(config_dir, methods_dir, entry["method"])))
+        rows.append(row)
+    columns = ["method", "dataset", "paper_backbone", "paper_epochs", "protocol", "metric", "reported", "ours",
+               "std", "n", "gap", "source", "reproduce"]
+    return pd.DataFrame(rows, columns=columns)
