@@ -96,7 +96,7 @@ def l2_normalise_like_vissl(x: np.ndarray) -> np.ndarray:
 
 
 def make_svm(cost: float, class_weight: dict, n_samples: int, n_dims: int, seed: int) -> LinearSVC:
-    return LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual=n_samples <= n_dims, tol=SVM_TOL,
+    return LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual=False, tol=SVM_TOL,
                      max_iter=SVM_MAX_ITER, class_weight=class_weight, intercept_scaling=1.0,
                      random_state=seed)
 

@@ -7,9 +7,10 @@ parameters, drawn on the CPU from the ``torch.Generator`` handed to ``forward``
 
 The pipeline, per sample, in this fixed order:
 
-1. random resized crop + horizontal flip, both in one ``affine_grid`` /
-   ``grid_sample`` call (bilinear; the crop box is drawn as torchvision's
-   ``RandomResizedCrop.get_params`` draws it: 10 tries, then a central crop);
+1. random resized crop + horizontal flip, both in one ``grid_sample`` call on a
+   per-sample axis-aligned grid (the crop box is drawn as torchvision's
+   ``RandomResizedCrop.get_params`` draws it: 10 tries, then a central crop; the
+   resampling equals torchvision's crop + bilinear resize without antialiasing);
 2. colour jitter with probability ``jitter_p``: brightness, contrast,
    saturation and hue as torchvision's ``ColorJitter`` defines them, applied in
    a random order per sample (as torchvision and SimCLR's ``random_order=True``
@@ -44,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# ITU-R 601-2 luma weights, the ones torchvision's rgb_to_grayscale uses.
+# ITU-R 601-2 luma weights (torchvision's rgb_to_grayscale rounds red to 0.2989).
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

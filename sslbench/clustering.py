@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,6 +170,13 @@ def _sinkhorn_log_scalings(
         if row_error <= tol:
             break
         log_a = log_row_target - log_row_sums_without_a
+    else:
+        warnings.warn(
+            f"sinkhorn stopped after max_iters={max_iters} with row marginals off by {float(row_error):.2e} "
+            f"(relative; tol={tol}): raise max_iters or tol, or lower lam",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return log_a, log_b, iterations
 
 
@@ -184,7 +192,9 @@ def sinkhorn(
     probs [N, K] has softmax rows. Returns Q = diag(a) P^lam diag(b) [N, K]
     with row sums 1/N and column sums 1/K: the column sums are exact, the row
     sums within a relative `tol` (|N * row_sum - 1| <= tol), unless max_iters
-    ran out first. Everything runs in the log domain (lam * log P and
+    ran out first (then a RuntimeWarning says so and the row sums are exact
+    instead). Peaked probs with a large lam converge slowly: Sinkhorn's rate
+    falls with the spread of lam * log P. Everything runs in the log domain (lam * log P and
     logsumexp updates), so lam = 25 cannot underflow. The work is in float64:
     in float32 the rounding of lam * log P alone exceeds tol = 1e-6. Peak
     memory is about four N x K float64 arrays. Entries of probs equal to 0

@@ -151,9 +151,11 @@ def proto_nce(
 
     num_negatives=None: logits q·c_j / phi_j over every prototype and
     cross-entropy towards the assigned one (PCL paper, eq. 10).
-    num_negatives=r: each row is [positive, r sampled negatives], each logit
-    divided by its own prototype's phi; the same r negatives (drawn by
-    `sample_negative_prototypes`) serve every query of the batch.
+    num_negatives=r: as facebookresearch/PCL's builder, the candidate
+    prototypes are the B positives of the whole batch (one per query, in batch
+    order, repeats kept) followed by r negatives drawn from the prototypes that
+    are nobody's positive (`sample_negative_prototypes`); logits [B, B + r],
+    each divided by its own prototype's phi, and query i's target is column i.
     """
     _require_2d("query", query)
     _require_2d("prototypes", prototypes)
@@ -174,9 +176,7 @@ def proto_nce(
         return F.cross_entropy(logits, assignments)
 
     negative_ids = sample_negative_prototypes(assignments, num_prototypes, num_negatives, generator)
-    positive_logits = (query * prototypes[assignments]).sum(dim=1, keepdim=True)
-    positive_logits = positive_logits / concentration[assignments, None]
-    negative_logits = query @ prototypes[negative_ids].T / concentration[None, negative_ids]
-    logits = torch.cat([positive_logits, negative_logits], dim=1)
-    targets = torch.zeros(query.shape[0], dtype=torch.long, device=query.device)
+    selected = torch.cat([assignments, negative_ids.to(assignments.device)])
+    logits = query @ prototypes[selected].T / concentration[None, selected]
+    targets = torch.arange(query.shape[0], device=query.device)
     return F.cross_entropy(logits, targets)

@@ -283,6 +283,22 @@ def test_colour_ops_match_torchvision_per_image():
     torch.testing.assert_close(adjust_hue(x, shifts), per_image(TF.adjust_hue, shifts), atol=5e-6, rtol=0)
 
 
+def test_jitter_applies_each_samples_ops_in_its_own_order_like_torchvision():
+    images = random_images(48, 3, 8, seed=3)
+    cfg = view_config("none", jitter_p=0.75, brightness=0.6, contrast=0.6, saturation=0.6, hue=0.3)
+    out = ViewAugment(8, 3, *unit_stats(3), cfg)(images, seeded(11))
+    params = augment._draw_params(48, 8, 8, cfg, seeded(11))  # the same draws, replayed
+    ops = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue)
+    assert 0 < params.jitter.sum() < 48 and params.jitter_order.unique(dim=0).shape[0] > 6
+    for k in range(48):
+        expected = images[k].float() / 255
+        if params.jitter[k]:
+            for op_index in params.jitter_order[k].tolist():
+                expected = ops[op_index](expected, float(params.jitter_factors[k, op_index])).clamp(0, 1)
+        # torchvision's grey uses 0.2989 for red where we use ITU-R 601's 0.299
+        torch.testing.assert_close(out[k], expected, atol=5e-4, rtol=0)
+
+
 def test_hue_rotation_by_zero_and_by_a_full_turn_is_identity():
     x = torch.rand(8, 3, 12, 12, generator=seeded(0))
     torch.testing.assert_close(adjust_hue(x, torch.zeros(8)), x, atol=2e-6, rtol=0)

@@ -235,12 +235,13 @@ def test_proto_nce_with_all_remaining_negatives_matches_hand_computation(seed):
 
     loss = proto_nce(query, prototypes, assignments, phi, num_negatives=len(outside), generator=g)
 
+    # facebookresearch/PCL: the candidates are every query's positive prototype (repeats kept),
+    # then the negatives; query i's target is the i-th candidate.
+    candidates = [int(c) for c in assignments] + outside
     expected = 0.0
     for i in range(7):
-        a = int(assignments[i])
-        positive = math.exp(float(query[i] @ prototypes[a]) / float(phi[a]))
-        negative = sum(math.exp(float(query[i] @ prototypes[j]) / float(phi[j])) for j in outside)
-        expected += -math.log(positive / (positive + negative))
+        scores = [math.exp(float(query[i] @ prototypes[j]) / float(phi[j])) for j in candidates]
+        expected += -math.log(scores[i] / sum(scores))
     assert loss.item() == pytest.approx(expected / 7, rel=1e-9)
 
 

@@ -83,14 +83,16 @@ def test_trains_on_tiny_config(tmp_path, method_config):
     trainer = Trainer(METHODS_DIR / "supcon", method_config("supcon"), 0, tmp_path, progress=False)
     # A fixed batch and fixed views: SGD steps must lower the loss.
     idx = torch.arange(64)
-    views, labels = trainer._views(trainer.images[idx]), trainer.labels[idx]
+    g = torch.Generator().manual_seed(0)
+    views = [trainer.augment(trainer.images[idx], g) for _ in range(2)]
+    labels = trainer.labels[idx]
     losses = []
     for _ in range(12):
         loss = trainer.method.training_loss(views, labels, idx)
         trainer.optimizer.zero_grad()
         loss.backward()
         trainer.optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.9 * losses[0], losses
     # And the engine's loop runs its epochs with finite losses.

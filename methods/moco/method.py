@@ -1,0 +1,42 @@
+"""MoCo v1 / v2 (He et al., CVPR 2020; Chen et al., 2020): momentum contrast with a queue.
+
+    f_q = head(backbone)              # v1: linear head; v2: MLP head
+    f_k = copy(f_q), no gradient      # the momentum (key) encoder
+    for x in loader:
+        q = normalize(f_q(aug(x)))
+        k = normalize(f_k(aug(x)))    # on a shuffled batch, split BN: no batch-statistics leak
+        loss = InfoNCE(q, k, queue, T)
+        enqueue(queue, k)             # after the loss: a batch's keys are never its own negatives
+        SGD step on f_q
+        f_k = m f_k + (1 - m) f_q     # on_step_end
+
+The machinery (split BN, key encoder, queue) lives in sslbench/momentum.py, shared with PCL.
+The evaluated encoder is the query backbone.
+"""
+import torch.nn.functional as F
+
+from sslbench.losses import info_nce
+from sslbench.method import Method
+from sslbench.momentum import moco_components, temperature_of
+
+
+class MoCo(Method):
+    num_views = 2
+
+    def __init__(self, backbone, info, cfg):
+        super().__init__(backbone, info, cfg)
+        self.projector, self.key_encoder, self.queue = moco_components(self.backbone, info.num_train, cfg)
+        self.temperature = temperature_of(cfg["params"])
+
+    def training_loss(self, views, labels, indices):
+        q = F.normalize(self.projector(self.backbone(views[0])), dim=1)
+        k = F.normalize(self.key_encoder(views[1]), dim=1)
+        loss = info_nce(q, k, self.queue.negatives(), self.temperature)
+        self.queue.push(k)
+        return loss
+
+    def on_epoch_start(self, ctx):
+        ctx.log["queue_size"] = len(self.queue)  # the effective K (shrunk on small datasets)
+
+    def on_step_end(self, ctx):
+        self.key_encoder.update([self.backbone, self.projector])

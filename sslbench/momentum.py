@@ -1,0 +1,282 @@
+"""MoCo's machinery, shared by the momentum-contrast methods (MoCo, PCL).
+
+- ``moco_head``:           the query head of MoCo v1 (linear) or v2 (MLP, hidden = feature dim).
+- ``check_version``:       warn when the augmentation / schedule do not match the MoCo version.
+- ``SplitBatchNorm2d``:    BatchNorm that normalises ``num_splits`` sub-batches separately, as the
+                           official single-GPU demo (colab/moco_cifar10_demo.ipynb) simulates 8 GPUs.
+- ``use_split_batch_norm``: swap a network's BatchNorm2d layers for SplitBatchNorm2d, in place.
+- ``MomentumEncoder``:     the key encoder: a frozen deep copy of the query encoder, updated as
+                           theta_k <- m theta_k + (1 - m) theta_q, run on a shuffled batch
+                           (shuffle-BN; across ranks when torch.distributed runs, as moco/builder.py).
+- ``KeyQueue``:            the FIFO queue of K keys (ring buffer), filled after the loss.
+- ``fit_queue_size``:      K as a multiple of the keys pushed per step, shrunk on small datasets.
+
+Reference: facebookresearch/moco (moco/builder.py, main_moco.py, the colab CIFAR demo).
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from .method import projection_mlp
+
+# What each MoCo version changes (MoCo v2 paper, Table 1; main_moco.py --mlp --aug-plus --cos).
+VERSIONS = {
+    1: {"head_layers": 1, "temperature": 0.07, "augment": "mocov1", "schedule": "step"},
+    2: {"head_layers": 2, "temperature": 0.2, "augment": "mocov2", "schedule": "cosine"},
+}
+
+
+def version_settings(version) -> dict:
+    if version not in VERSIONS:
+        raise ValueError(f"config key `version` must be 1 or 2 (MoCo v1 / v2), got {version!r}")
+    return VERSIONS[version]
+
+
+def moco_head(version: int, feature_dim: int, out_dim: int) -> nn.Sequential:
+    """v1: the backbone's fc replaced by Linear(feature_dim, out_dim); v2: Linear-ReLU-Linear."""
+    layers = version_settings(version)["head_layers"]
+    return projection_mlp(feature_dim, feature_dim, out_dim, num_layers=layers)
+
+
+def check_version(cfg: dict) -> None:
+    """Warn when the run's augmentation preset or lr schedule is not the one of its MoCo version.
+
+    The engine, not the method, applies ``augment`` and ``train``; a preset that switches
+    ``version`` must switch those too.
+    """
+    version = cfg["params"]["version"]
+    expected = version_settings(version)
+    preset = (cfg.get("augment") or {}).get("preset", "mocov2")
+    schedule = cfg["train"].get("schedule")
+    if preset != expected["augment"] or schedule != expected["schedule"]:
+        warnings.warn(
+            f"{cfg['method']}: version {version} uses augment.preset {expected['augment']!r} and "
+            f"train.schedule {expected['schedule']!r}, but this run has {preset!r} and {schedule!r}; "
+            f"set them in methods/{cfg['method']}/config.yaml or method_overrides.{cfg['method']} "
+            "to run that version as its paper does",
+            stacklevel=2,
+        )
+
+
+# --- distributed helpers -------------------------------------------------------------------
+
+def world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+@torch.no_grad()
+def concat_all_gather(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x concatenated in rank order (no gradient); x itself in a single process."""
+    if world_size() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    torch.distributed.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+# --- split batch norm ----------------------------------------------------------------------
+
+class SplitBatchNorm2d(nn.BatchNorm2d):
+    """BatchNorm2d that, in training, normalises ``num_splits`` contiguous sub-batches with their
+    own statistics (one call: the sub-batches become channel groups). The running statistics
+    move towards the mean of the sub-batches' statistics. In eval mode it is plain BatchNorm2d,
+    and its state dict is BatchNorm2d's, so a trained backbone loads into an unmodified one."""
+
+    def __init__(self, num_features: int, num_splits: int, **kwargs):
+        super().__init__(num_features, **kwargs)
+        if num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+        self.num_splits = num_splits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        n, c, h, w = x.shape
+        s = self.num_splits
+        if n % s:
+            raise ValueError(f"SplitBatchNorm2d: batch of {n} is not divisible into {s} splits "
+                             "(config key `bn_splits` must divide the batch size)")
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative average, as nn.BatchNorm2d
+                factor = 1.0 / float(self.num_batches_tracked)
+        # [n, c, h, w] -> [n/s, s*c, h, w]: channel group j holds sub-batch j.
+        grouped = x.reshape(s, n // s, c, h, w).transpose(0, 1).reshape(n // s, s * c, h, w)
+        running_mean = self.running_mean.repeat(s) if self.track_running_stats else None
+        running_var = self.running_var.repeat(s) if self.track_running_stats else None
+        out = F.batch_norm(
+            grouped, running_mean, running_var,
+            self.weight.repeat(s) if self.affine else None, self.bias.repeat(s) if self.affine else None,
+            True, factor, self.eps,
+        )
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.running_mean.copy_(running_mean.view(s, c).mean(0))
+                self.running_var.copy_(running_var.view(s, c).mean(0))
+        return out.reshape(n // s, s, c, h, w).transpose(0, 1).reshape(n, c, h, w)
+
+
+def use_split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
+    """Replace every nn.BatchNorm2d in ``module`` by a SplitBatchNorm2d with the same state (in place).
+
+    num_splits = 1 leaves the network as it is. Other batch-norm types (BatchNorm1d, timm's
+    BatchNormAct2d, ...) cannot be split and raise an error.
+    """
+    if num_splits == 1:
+        return module
+    for name, child in module.named_children():
+        if type(child) is nn.BatchNorm2d:
+            split = SplitBatchNorm2d(child.num_features, num_splits, eps=child.eps, momentum=child.momentum,
+                                     affine=child.affine, track_running_stats=child.track_running_stats)
+            split.load_state_dict(child.state_dict())
+            device = next((t.device for t in child.state_dict().values()), torch.device("cpu"))
+            setattr(module, name, split.to(device))
+        elif isinstance(child, _BatchNorm) and not isinstance(child, SplitBatchNorm2d):
+            raise ValueError(
+                f"bn_splits = {num_splits} needs plain nn.BatchNorm2d layers, but {name!r} is a "
+                f"{type(child).__name__}; set config key `bn_splits: 1`"
+            )
+        else:
+            use_split_batch_norm(child, num_splits)
+    return module
+
+
+def check_bn_splits(num_splits, batch_size: int) -> int:
+    if not isinstance(num_splits, int) or num_splits < 1 or batch_size % num_splits:
+        raise ValueError(
+            f"config key `bn_splits` = {num_splits!r} must be a positive integer dividing the batch size "
+            f"{batch_size} (`train.batch_size`)"
+        )
+    return num_splits
+
+
+# --- the key encoder -----------------------------------------------------------------------
+
+class MomentumEncoder(nn.Module):
+    """A frozen deep copy of the query encoder (the modules ``online``, applied in order)."""
+
+    def __init__(self, online: Sequence[nn.Module], momentum: float):
+        super().__init__()
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"config key `momentum` must lie in [0, 1], got {momentum}")
+        self.momentum = float(momentum)
+        self.net = nn.Sequential(*(copy.deepcopy(m) for m in online))
+        for p in self.net.parameters():
+            p.requires_grad_(False)  # updated only by the momentum rule, never by gradients
+
+    @torch.no_grad()
+    def update(self, online: Sequence[nn.Module]) -> None:
+        """theta_k <- m theta_k + (1 - m) theta_q for every parameter (not the BN statistics)."""
+        theta_q = [p.detach() for m in online for p in m.parameters()]
+        theta_k = list(self.net.parameters())
+        if len(theta_q) != len(theta_k):
+            raise ValueError("MomentumEncoder.update: the online modules do not match the key encoder")
+        torch._foreach_mul_(theta_k, self.momentum)
+        torch._foreach_add_(theta_k, theta_q, alpha=1.0 - self.momentum)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Keys for the batch x, computed on a shuffled batch and returned in x's order (shuffle-BN)."""
+        if world_size() > 1:
+            return self._forward_shuffled_across_ranks(x)
+        order = torch.randperm(x.shape[0]).to(x.device)  # CPU RNG: the same draws on every device
+        return self.net(x[order])[torch.argsort(order)]
+
+    @torch.no_grad()
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """The key encoder on x as it is (no shuffle): features for an E-step."""
+        return self.net(x)
+
+    def _forward_shuffled_across_ranks(self, x: torch.Tensor) -> torch.Tensor:
+        # moco/builder.py _batch_shuffle_ddp / _batch_unshuffle_ddp: rank 0 draws the permutation.
+        dist = torch.distributed
+        ranks, rank = world_size(), dist.get_rank()
+        x_all = concat_all_gather(x)
+        order = torch.randperm(x_all.shape[0]).to(x.device)
+        dist.broadcast(order, src=0)
+        mine = order.view(ranks, -1)[rank]
+        keys_all = concat_all_gather(self.net(x_all[mine]))  # in shuffled order
+        return keys_all[torch.argsort(order)].view(ranks, -1, *keys_all.shape[1:])[rank]
+
+
+# --- the queue -----------------------------------------------------------------------------
+
+class KeyQueue(nn.Module):
+    """K keys [K, dim] in a ring buffer; ``pointer`` is where the next batch of keys goes."""
+
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.register_buffer("keys", F.normalize(torch.randn(size, dim), dim=1))  # as moco/builder.py
+        self.register_buffer("pointer", torch.zeros((), dtype=torch.long))
+
+    def __len__(self) -> int:
+        return self.keys.shape[0]
+
+    def negatives(self) -> torch.Tensor:
+        """A snapshot of the queue: the loss keeps using it after ``push`` overwrites the buffer."""
+        return self.keys.clone()
+
+    @torch.no_grad()
+    def push(self, keys: torch.Tensor) -> None:
+        """Enqueue this step's keys (every rank's) over the oldest ones."""
+        keys = concat_all_gather(keys.detach())
+        n, size = keys.shape[0], len(self)
+        if size % n:
+            raise ValueError(f"queue size {size} is not a multiple of the {n} keys pushed per step")
+        slots = (self.pointer + torch.arange(n, device=self.keys.device)) % size  # no host sync
+        self.keys.index_copy_(0, slots, keys.to(self.keys.dtype))
+        self.pointer.add_(n).remainder_(size)
+
+
+def fit_queue_size(requested: int, keys_per_step: int, num_train: int) -> int:
+    """The queue size K actually used: a multiple of the keys pushed per step (moco/builder.py
+    asserts it), at most num_train - keys_per_step, so the queue cannot hold a key of every
+    training image (otherwise each image's previous-epoch key would always be among its own
+    negatives). A change is announced with a warning; a dataset too small for one batch of
+    negatives is an error."""
+    if not isinstance(requested, int) or requested < 1:
+        raise ValueError(f"config key `queue_size` must be a positive integer, got {requested!r}")
+    fitted = min(requested, num_train - keys_per_step) // keys_per_step * keys_per_step
+    if fitted < keys_per_step:
+        raise ValueError(
+            f"{num_train} training images are too few for a queue of at least one batch of "
+            f"{keys_per_step} keys next to the batch itself; lower `train.batch_size`"
+        )
+    if fitted != requested:
+        warnings.warn(
+            f"queue_size {requested} shrunk to {fitted}: a multiple of the {keys_per_step} keys pushed per "
+            f"step and at most num_train - batch = {num_train - keys_per_step} ({num_train} training images)",
+            stacklevel=2,
+        )
+    return fitted
+
+
+# --- assembly ------------------------------------------------------------------------------
+
+def moco_components(backbone: nn.Module, num_train: int, cfg: dict) -> tuple[nn.Sequential, MomentumEncoder, KeyQueue]:
+    """MoCo's query head, key encoder and queue from a method's config (keys `version`, `dim`,
+    `momentum`, `queue_size`, `bn_splits`). Switches the backbone's BatchNorm2d to split BN first,
+    so the key encoder (a copy) has it too."""
+    p = cfg["params"]
+    check_version(cfg)
+    batch_size = int(cfg["train"]["batch_size"])
+    use_split_batch_norm(backbone, check_bn_splits(p["bn_splits"], batch_size))
+    head = moco_head(p["version"], int(backbone.num_features), int(p["dim"]))
+    key_encoder = MomentumEncoder([backbone, head], p["momentum"])
+    queue = KeyQueue(fit_queue_size(p["queue_size"], batch_size * world_size(), num_train), int(p["dim"]))
+    return head, key_encoder, queue
+
+
+def temperature_of(params: dict) -> float:
+    """`temperature`, or the MoCo version's paper value when it is null."""
+    value = params.get("temperature")
+    return float(value) if value is not None else version_settings(params["version"])["temperature"]

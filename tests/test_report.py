@@ -1,0 +1,385 @@
+"""The report, built once from a synthetic results/ folder written here (real files, real faiss,
+real sklearn t-SNE), then read back: every table and figure is there, and every number it shows
+equals the CSV it came from."""
+import base64
+import io as bytes_io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from matplotlib import image as mpimg
+
+from sslbench.features import save_features
+from sslbench.report import ReportInputError, build_report, sorted_sizes
+from sslbench.stats import HEADLINE
+
+from conftest import REPO
+
+DATASET = "digits"
+CLASSES = 4
+# method -> (seeds, offset of its metrics); pcl has one seed (n=1) and no semisup results
+METHODS = {"alpha": ([0, 1, 2], 0.10), "beta": ([0, 1, 2], 0.0), "pcl": ([0], 0.05)}
+PROTOCOL_METRICS = {
+    "knn": ["top1_k200_t0.1", "top5_k200_t0.1", "top1_k20_t0.07", "top5_k20_t0.07"],
+    "linear": ["top1", "top5"],
+    "lowshot_svm": [f"{s}_k{k}_{a}" for k in (1, 2, 4, 8) for s, a in
+                    [("map", "mean"), ("map", "std"), ("map", "min"), ("map", "max"), ("top1", "mean")]],
+    "clustering": ["ami", "nmi", "ari", "ami_k2x", "ami_k5x"],
+    "semisup": ["top1_1pct", "top5_1pct", "top1_10pct", "top5_10pct"],
+}
+EPOCHS = 3
+
+
+def metric_value(rng, offset: float, protocol: str, metric: str, k_shift: float) -> float:
+    base = 0.5 + offset + rng.normal(0, 0.01)
+    if protocol == "lowshot_svm":
+        k = int(re.search(r"_k(\d+)_", metric).group(1))
+        mean = 0.3 + offset + 0.05 * math.log2(k) + k_shift
+        return {"mean": mean, "std": 0.02, "min": mean - 0.04, "max": mean + 0.04}[metric.rsplit("_", 1)[1]]
+    return float(np.clip(base, 0, 1))
+
+
+def write_results(root: Path) -> Path:
+    """results/table.csv and the run folders, in the formats the rest of the code writes."""
+    results = root / "results"
+    rng = np.random.default_rng(0)
+    rows = []
+    for method, (seeds, offset) in METHODS.items():
+        for seed in seeds:
+            folder = results / DATASET / method / f"seed{seed}"
+            folder.mkdir(parents=True)
+            write_run(folder, method, seed, offset, rng)
+            k_shift = rng.normal(0, 0.01)
+            for protocol, metrics in PROTOCOL_METRICS.items():
+                if protocol == "semisup" and method == "pcl":
+                    continue
+                for metric in metrics:
+                    rows.append({"dataset": DATASET, "method": method, "seed": seed, "protocol": protocol,
+                                 "metric": metric, "value": metric_value(rng, offset, protocol, metric, k_shift),
+                                 "augment": "{}", "backbone": "test_resnet", "batch_size": 64, "device": "cpu (x86_64)",
+                                 "epochs": EPOCHS, "epochs_trained": EPOCHS, "eval_wall_time_s": 1.5 + seed,
+                                 "git_commit": "abc123", "git_dirty": False, "image_size": 8,
+                                 "images_per_s": 100.0, "lr": 0.06, "method_params": "{}",
+                                 "protocol_settings": "{}", "small_stem": False, "train_wall_time_s": 10.0,
+                                 "version_torch": "2.0"})
+    pd.DataFrame(rows).to_csv(results / "table.csv", index=False)
+    return results
+
+
+def write_run(folder: Path, method: str, seed: int, offset: float, rng) -> None:
+    epochs = np.arange(1, EPOCHS + 1)
+    pd.DataFrame({"epoch": epochs, "loss": 5.0 - epochs - offset, "lr": 0.06, "images_per_s": 100.0 + seed,
+                  "seconds": 3.0 + seed, "hook_seconds": 0.1}).to_csv(folder / "train_log.csv", index=False)
+    cfg = {"method": method, "dataset": {"name": DATASET, "image_size": 8}, "backbone": {"name": "test_resnet"},
+           "train": {"epochs": EPOCHS, "batch_size": 64, "lr": 0.06}, "augment": {}, "params": {}}
+    meta = {"method": method, "dataset": DATASET, "seed": seed, "train_wall_time_s": 9.0 + seed,
+            "images_per_s": 100.0 + seed, "peak_gpu_memory_bytes": (3 + seed) * 2**20 if method == "beta" else None,
+            "device": "NVIDIA H200" if method == "beta" else "cpu (x86_64)", "git_commit": "abc123",
+            "git_dirty": seed == 1, "versions": {"torch": "2.0", "numpy": "2.4"}}
+    (folder / "run.json").write_text(json.dumps({"cfg": cfg, "meta": meta}))
+    centres = rng.normal(0, 1, (CLASSES, 16))
+    features = {}
+    for split, size in (("train", 40), ("test", 80)):
+        labels = np.arange(size) % CLASSES
+        features[split] = (centres[labels] + rng.normal(0, 0.3, (size, 16))).astype(np.float32)
+        features[f"{split}_labels"] = labels
+    save_features(folder / "features.npz", {**features, "num_classes": CLASSES, "meta": {"seed": seed}})
+    if method == "pcl":  # E-step assignments of two clusterings, as PCL keeps them in its method state
+        assign = torch.stack([torch.arange(80) % 4, torch.arange(80) % 8])
+        torch.save({"method_state": {"encoder_q.weight": torch.zeros(2), "cluster_assign": assign}},
+                   folder / "checkpoint.pt")
+
+
+def write_methods_and_presets(root: Path) -> tuple[Path, Path]:
+    methods, config = root / "methods", root / "config"
+    (methods / "alpha").mkdir(parents=True)
+    (methods / "_template").mkdir()
+    paper = {"results": [
+        {"dataset": DATASET, "backbone": "test_resnet", "epochs": EPOCHS, "protocol": "knn",
+         "metric": "top1_k200_t0.1", "value": 0.55, "source": "Table 1"},
+        {"dataset": "cifar10", "backbone": "resnet18", "epochs": 800, "protocol": "linear", "metric": "top1",
+         "value": 0.9, "source": "Table 2"},
+        {"dataset": "imagenet", "backbone": "resnet50", "epochs": 200, "protocol": "linear", "metric": "top1",
+         "value": 0.7, "source": "Table 3"}]}
+    (methods / "alpha" / "paper.yaml").write_text(yaml.safe_dump(paper))
+    (methods / "_template" / "paper.yaml").write_text(yaml.safe_dump({"results": [dict(paper["results"][0])]}))
+    config.mkdir()
+    shutil.copy(REPO / "config" / "default.yaml", config / "default.yaml")
+    (config / "cifar10.yaml").write_text(yaml.safe_dump(
+        {"dataset": {"name": "cifar10"}, "backbone": {"name": "resnet18"}, "train": {"epochs": 800}}))
+    return methods, config
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    results = write_results(root)
+    methods, config = write_methods_and_presets(root)
+    out = root / "out"
+    path = build_report(results, methods, config, out, tsne_points=60)
+    return {"root": root, "results": results, "out": out, "html": path.read_text(), "path": path}
+
+
+# --------------------------------------------------------------------------- reading the page back
+class PageParser(HTMLParser):
+    """Tables (by id: rows of (text, bold) cells), figure ids, images, and every URL-like attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.figures, self.images, self.urls, self.tags = {}, [], [], [], set()
+        self._table = self._row = self._cell = None
+        self._bold = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.add(tag)
+        self.urls += [v for k, v in attrs.items() if k in ("src", "href") and v]
+        if tag == "table":
+            self._table = self.tables.setdefault(attrs["id"], [])
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell, self._bold = "", False
+        elif tag == "strong":
+            self._bold = True
+        elif tag == "figure":
+            self.figures.append(attrs["id"])
+        elif tag == "img":
+            self.images.append(attrs["src"])
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append((self._cell, self._bold))
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self._table.append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+
+
+@pytest.fixture(scope="module")
+def page(report):
+    parser = PageParser()
+    parser.feed(report["html"])
+    return parser
+
+
+def records(page, table_id):
+    """A parsed table as a list of {header: (text, bold)}."""
+    header, *rows = page.tables[table_id]
+    names = [h for h, _ in header]
+    return [dict(zip(names, row)) for row in rows]
+
+
+def close(shown: str, value: float, scale: float, decimals: int) -> bool:
+    """A displayed number equals the CSV's value to the precision shown."""
+    return abs(float(shown.replace("−", "-")) - scale * value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def csv(report, name):
+    return pd.read_csv(report["out"] / f"{name}.csv")
+
+
+# --------------------------------------------------------------------------- tests
+FIGURES = ["bars", "lowshot", "training", "tsne", "kmeans", "estep"]
+TABLES = [f"table-headline-{DATASET}", "table-reproduced", "table-comparisons", "table-cost", "table-versions",
+          "table-runs", "table-summary"]
+
+
+def test_every_table_and_figure_is_on_the_page_and_in_figures(report, page):
+    assert set(TABLES) <= set(page.tables)
+    assert page.figures == [f"fig-{kind}-{DATASET}" for kind in FIGURES]
+    for kind, src in zip(FIGURES, page.images):
+        assert src.startswith("data:image/png;base64,")
+        png = base64.b64decode(src.split(",", 1)[1])
+        assert png == (report["out"] / "figures" / f"{DATASET}_{kind}.png").read_bytes()
+        pixels = mpimg.imread(bytes_io.BytesIO(png))
+        assert pixels.shape[0] > 150 and pixels.shape[1] > 250 and pixels.std() > 0.05, kind
+    for name in ("summary", "comparisons", "reproduced", "cost", "environment"):
+        assert (report["out"] / f"{name}.csv").is_file()
+
+
+def test_page_is_self_contained(page):
+    assert all(url.startswith("data:image/png;base64,") for url in page.urls)
+    assert not {"script", "link", "iframe", "object"} & page.tags
+
+
+def test_no_table_cell_shows_nan(page):
+    cells = [text for rows in page.tables.values() for row in rows for text, _ in row]
+    assert not [c for c in cells if re.search(r"\bnan\b|\binf\b", c, re.I)]
+
+
+def test_headline_cells_equal_summary_csv_and_best_is_bold(report, page):
+    summary = csv(report, "summary").set_index(["method", "protocol", "metric"])
+    rows = records(page, f"table-headline-{DATASET}")
+    assert [r["method"][0] for r in rows] == sorted(METHODS)
+    for label, protocol, metric in HEADLINE:
+        present = [m for m in METHODS if (m, protocol, metric) in summary.index]
+        best = max(present, key=lambda m: summary.loc[(m, protocol, metric), "mean"]) if present else None
+        for row in rows:
+            method, (text, bold) = row["method"][0], row[label]
+            if method not in present:
+                assert text == "—" and not bold
+                continue
+            stats = summary.loc[(method, protocol, metric)]
+            mean, _, std = text.partition(" ± ")
+            if stats["n"] == 1:
+                assert mean.endswith(" (n=1)") and not std and pd.isna(stats["std"])
+                mean = mean.removesuffix(" (n=1)")
+            else:
+                assert close(std, stats["std"], 100, 2)
+            assert close(mean, stats["mean"], 100, 2)
+            assert bold == (method == best), (label, method)
+
+
+def test_table_md_bolds_the_best_and_states_the_settings(report):
+    text = (report["out"] / "table.md").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["method"] + [label for label, _, _ in HEADLINE]
+    cells = {row[0]: dict(zip(header[1:], row[1:]))
+             for row in ([c.strip() for c in line.strip("|").split("|")] for line in lines[1:])}
+    # alpha has the largest offset: it is best (bold) wherever it is evaluated; semisup lacks pcl
+    assert cells["alpha"]["kNN top-1 (k200_t0.1)"].startswith("**")
+    assert not cells["beta"]["kNN top-1 (k200_t0.1)"].startswith("**")
+    assert cells["pcl"]["semi-sup 1% top-1"] == "—" and cells["pcl"]["linear top-1"].endswith("(n=1)")
+    footnote = [line for line in text.splitlines() if line.startswith("Settings:")]
+    assert footnote and all(s in footnote[0] for s in (DATASET, "test_resnet", f"epochs {EPOCHS}", "seeds 0, 1, 2"))
+
+
+def test_summary_table_equals_summary_csv_and_table_csv(report, page):
+    summary = csv(report, "summary")
+    table = pd.read_csv(report["results"] / "table.csv")
+    rows = records(page, "table-summary")
+    assert len(rows) == len(summary) == len(table.groupby(["method", "protocol", "metric"]))
+    for row, (_, expected) in zip(rows, summary.iterrows()):
+        values = table[(table["method"] == expected["method"]) & (table["metric"] == expected["metric"])
+                       & (table["protocol"] == expected["protocol"])]["value"]
+        assert row["method"][0] == expected["method"] and row["metric"][0] == expected["metric"]
+        assert close(row["mean (%)"][0], values.mean(), 100, 2) and int(row["n"][0]) == len(values)
+        if len(values) > 1:
+            assert close(row["std (%)"][0], values.std(ddof=1), 100, 2)
+        else:
+            assert row["std (%)"][0] == row["ci95 (%)"][0] == "—"
+
+
+def test_comparisons_cover_headline_metrics_and_equal_their_csv(report, page):
+    comparisons = csv(report, "comparisons")
+    present = {(p, m) for _, p, m in HEADLINE if not (p == "semisup")}  # every protocol written here
+    assert {(p, m) for p, m in zip(comparisons["protocol"], comparisons["metric"])} == present | {
+        ("semisup", "top1_1pct"), ("semisup", "top1_10pct")}
+    rows = records(page, "table-comparisons")
+    assert len(rows) == len(comparisons)
+    for row, (_, expected) in zip(rows, comparisons.iterrows()):
+        assert (row["method_a"][0], row["method_b"][0]) == (expected["method_a"], expected["method_b"])
+        assert close(row["mean A − B (% points)"][0], expected["mean_diff"], 100, 2)
+        assert int(row["n"][0]) == expected["n"] and row["verdict"][0] == expected["verdict"]
+        if expected["n"] > 1:
+            assert math.isclose(float(row["p (paired t)"][0]), expected["p_value"], rel_tol=5e-3, abs_tol=1e-300)
+        else:
+            assert row["p (paired t)"][0] == "—" and expected["verdict"] == "untested (n < 2)"
+    knn = comparisons[(comparisons["metric"] == "top1_k200_t0.1") & (comparisons["method_a"] == "alpha")
+                      & (comparisons["method_b"] == "beta")].iloc[0]
+    assert knn["verdict"] == "alpha > beta"  # 0.10 apart, seed noise 0.01
+
+
+def test_reproduced_vs_reported_table(report, page):
+    reproduced = csv(report, "reproduced")
+    table = pd.read_csv(report["results"] / "table.csv")
+    assert list(reproduced["method"]) == ["alpha"] * 3  # the _template folder is skipped
+    ours = table[(table["method"] == "alpha") & (table["metric"] == "top1_k200_t0.1")]["value"]
+    same = reproduced.iloc[0]
+    assert math.isclose(same["ours"], ours.mean()) and same["n"] == 3
+    assert math.isclose(same["gap"], ours.mean() - 0.55)
+    assert "config/cifar10.yaml" in reproduced.iloc[1]["reproduce"] and pd.isna(reproduced.iloc[1]["ours"])
+    assert reproduced.iloc[2]["reproduce"].startswith("no preset")
+    rows = records(page, "table-reproduced")
+    for row, (_, expected) in zip(rows, reproduced.iterrows()):
+        assert close(row["reported (%)"][0], expected["reported"], 100, 2)
+        for shown, column in (("ours (%)", "ours"), ("gap (% points)", "gap")):
+            if pd.isna(expected[column]):
+                assert row[shown][0] == "—"
+            else:
+                assert close(row[shown][0], expected[column], 100, 2)
+
+
+def test_cost_table_equals_cost_csv_and_run_json(report, page):
+    cost = csv(report, "cost").set_index("method")
+    # run.json: wall time 9 + seed, images/s 100 + seed, beta's peak (3 + seed) MiB on the GPU
+    assert math.isclose(cost.loc["alpha", "train_wall_time_s"], 10.0)
+    assert math.isclose(cost.loc["beta", "peak_gpu_memory_mib"], 5.0) and pd.isna(cost.loc["alpha", "peak_gpu_memory_mib"])
+    assert math.isclose(cost.loc["alpha", "eval_wall_time_s"], 5 * 2.5)  # five protocols, 1.5 + seed each
+    for row in records(page, "table-cost"):
+        expected = cost.loc[row["method"][0]]
+        assert close(row["training wall time (s)"][0], expected["train_wall_time_s"], 1, 1)
+        assert close(row["images/s"][0], expected["images_per_s"], 1, 0)
+        if pd.isna(expected["peak_gpu_memory_mib"]):
+            assert row["peak GPU memory (MiB)"][0] == "—"
+        else:
+            assert close(row["peak GPU memory (MiB)"][0], expected["peak_gpu_memory_mib"], 1, 0)
+        assert row["device"][0] == expected["device"]
+
+
+def test_environment_shows_versions_commit_dirty_flag_and_config(report, page):
+    versions = {r["package"][0]: r["version(s)"][0] for r in records(page, "table-versions")}
+    assert versions["torch"] == "2.0" and versions["git_commit"] == "abc123"
+    assert versions["git_dirty"] == "False, True" and "NVIDIA H200" in versions["device"]
+    assert len(records(page, "table-runs")) == 7
+    assert '&quot;epochs&quot;: 3' in report["html"]  # the resolved config, folded in <details>
+
+
+def test_cluster_sizes_sorted_and_complete():
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 7, size=200)
+    sizes = sorted_sizes(np.concatenate([labels, [-1, -1]]), k=9)  # -1: unassigned, not counted
+    assert sizes.sum() == 200 and len(sizes) == 9 and (np.diff(sizes) <= 0).all()
+    assert list(sizes) == sorted(np.bincount(labels, minlength=9), reverse=True)
+
+
+def test_missing_inputs_name_the_file(tmp_path, report):
+    with pytest.raises(ReportInputError, match="table.csv"):
+        build_report(tmp_path, tmp_path, tmp_path, tmp_path / "out")
+    results = tmp_path / "results"
+    shutil.copytree(report["results"], results)
+    (results / DATASET / "beta" / "seed1" / "run.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"beta/seed1/run\.json"):
+        build_report(results, tmp_path, tmp_path, tmp_path / "out")
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium at /usr/bin/chromium "
+                    "(apt-get install chromium); CI installs it")
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    """A screenshot with content and no console error. The page has no script, so the console can only
+    report resources that failed; Chromium logs console messages to stderr with --enable-logging."""
+    shot = tmp_path / "report.png"
+    run = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0", "--hide-scrollbars",
+         "--window-size=1400,2200", f"--screenshot={shot}", report["path"].as_uri()],
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not re.search(r"Uncaught|ERROR:CONSOLE|Failed to load resource|net::ERR_", run.stderr), run.stderr[-3000:]
+    pixels = mpimg.imread(shot)
+    assert pixels.shape[:2] == (2200, 1400)
+    assert shot.stat().st_size > 50_000 and pixels[..., :3].std() > 0.1
+    if os.environ.get("SSLBENCH_KEEP_SCREENSHOT"):  # to look at it: SSLBENCH_KEEP_SCREENSHOT=/tmp/shot.png
+        shutil.copy(shot, os.environ["SSLBENCH_KEEP_SCREENSHOT"])
