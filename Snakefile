@@ -45,7 +45,7 @@ def protocol_settings(wildcards):
 
 rule all:
     input:
-        "results/table.csv",
+        "results/report.html",
 
 
 rule pretrain:
@@ -54,6 +54,7 @@ rule pretrain:
     output:
         checkpoint=RUN + "/checkpoint.pt",
         log=RUN + "/train_log.csv",
+        run=RUN + "/run.json",
     params:
         cfg=method_config,
         method_dir=lambda wc: str(METHODS_DIR / wc.method),
@@ -102,3 +103,25 @@ rule collect:
         "results/table.csv",
     shell:
         "sslbench collect --out {output:q} {input:q}"
+
+
+rule report:
+    input:
+        table="results/table.csv",
+        runs=expand(RUN + "/run.json", dataset=DATASET, method=METHODS, seed=SEEDS),
+        features=expand(RUN + "/features.npz", dataset=DATASET, method=METHODS, seed=SEEDS),
+        paper=[str(METHODS_DIR / m / "paper.yaml") for m in METHODS if (METHODS_DIR / m / "paper.yaml").exists()],
+    output:
+        html=report("results/report.html", category="Report"),
+        table_md=report("results/table.md", category="Tables"),
+        summary=report("results/summary.csv", category="Tables"),
+        comparisons=report("results/comparisons.csv", category="Tables"),
+        figures=report(directory("results/figures"), patterns=["{name}.png"], category="Figures"),
+    params:
+        methods=str(METHODS_DIR),
+        config=str(BASE / "config"),
+    log:
+        "results/logs/report.log",
+    shell:
+        "sslbench report --results results --methods {params.methods:q} --config {params.config:q} "
+        "--out results > {log:q} 2>&1"

@@ -68,7 +68,7 @@ def fit_linear(x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay:
             total += loss.item()
         penalty = 0.5 * weight_decay * layer.weight.pow(2).sum()
         penalty.backward()
-        return torch.tensor(total + penalty.item())
+        return torch.tensor(total + penalty.item(), dtype=torch.float64)  # full precision for the line search
 
     optimiser.step(closure)
     return layer

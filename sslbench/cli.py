@@ -41,6 +41,13 @@ def cmd_collect(args) -> None:
     print(f"[sslbench] {len(table)} rows -> {args.out}")
 
 
+def cmd_report(args) -> None:
+    from .report import build_report
+
+    path = build_report(args.results, args.methods, args.config, args.out)
+    print(f"[sslbench] report -> {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sslbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("results", nargs="*")
     p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser("report", help="summary.csv, table.md and report.html from results/table.csv")
+    p.add_argument("--results", default="results", help="folder holding table.csv and the run folders")
+    p.add_argument("--methods", default="methods")
+    p.add_argument("--config", default="config")
+    p.add_argument("--out", default="results")
+    p.set_defaults(func=cmd_report)
 
     for p in sub.choices.values():
         p.add_argument("--threads", type=int, default=None)

@@ -28,7 +28,7 @@ def workflow(tmp_path_factory):
     cfg["seeds"] = [0, 1]
     cfg["methods"] = ["simclr", "random"]
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
-    run = snakemake(root, "--cores", "2", "results/table.csv")
+    run = snakemake(root, "--cores", "2")  # the default target: the report, via the table
     assert run.returncode == 0, run.stdout + run.stderr
     return root
 
@@ -62,13 +62,22 @@ def test_table_has_every_method_seed_and_its_settings(workflow):
 def test_dag_shows_pretrain_extract_evaluate_collect(workflow):
     out = snakemake(workflow, "-n", "--forceall", "--cores", "2")
     text = out.stdout + out.stderr
-    for rule in ("pretrain", "extract", "evaluate", "collect"):
+    for rule in ("pretrain", "extract", "evaluate", "collect", "report"):
         assert re.search(rf"^{rule}\s+\d+", text, re.M), text
 
 
 def test_rerun_with_nothing_changed_does_no_work(workflow):
-    out = snakemake(workflow, "-n", "--cores", "2", "results/table.csv")
+    out = snakemake(workflow, "-n", "--cores", "2")
     assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_report_and_tables_are_written(workflow):
+    results = workflow / "results"
+    for name in ("report.html", "table.md", "summary.csv", "comparisons.csv"):
+        assert (results / name).stat().st_size > 0, name
+    summary = pd.read_csv(results / "summary.csv")
+    assert set(summary["method"]) == {"simclr", "random"}
+    assert "simclr" in (results / "table.md").read_text()
 
 
 def test_new_method_folder_runs_only_its_jobs_and_collect(workflow):
