@@ -39,6 +39,20 @@ def method_sources(wildcards):
     return [str(p) for p in (folder / "method.py", folder / "config.yaml") if p.exists()]
 
 
+def job(rule_name):
+    """threads and resources of a rule, from the config's `resources` section."""
+    spec = config["resources"][rule_name]
+    return spec.get("threads", 1), dict(gpu=spec.get("gpus", 0), mem_mb=spec.get("mem_mb", 4000),
+                                       runtime=spec.get("runtime", 30))
+
+
+def launcher(wildcards, resources):
+    """One process, or torchrun DDP over the GPUs the job asked for."""
+    if resources.gpu > 1:
+        return f"torchrun --standalone --nproc-per-node {resources.gpu} -m sslbench.cli"
+    return "sslbench"
+
+
 def protocol_settings(wildcards):
     return json.dumps(config["evaluation"].get(wildcards.protocol, {}), sort_keys=True)
 
@@ -59,11 +73,14 @@ rule pretrain:
         cfg=method_config,
         method_dir=lambda wc: str(METHODS_DIR / wc.method),
         run_dir=lambda wc, output: str(Path(output.checkpoint).parent),
-    threads: config["train"].get("threads", 1)
+        launcher=launcher,
+    threads: job("pretrain")[0]
+    resources:
+        **job("pretrain")[1],
     log:
         RUN + "/logs/pretrain.log",
     shell:
-        "sslbench pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
+        "{params.launcher} pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
         "--seed {wildcards.seed} --out {params.run_dir:q} --threads {threads} --quiet > {log:q} 2>&1"
 
 
@@ -72,7 +89,9 @@ rule extract:
         RUN + "/checkpoint.pt",
     output:
         RUN + "/features.npz",
-    threads: config["evaluation"].get("threads", 1)
+    threads: job("extract")[0]
+    resources:
+        **job("extract")[1],
     log:
         RUN + "/logs/extract.log",
     shell:
@@ -87,7 +106,9 @@ rule evaluate:
         RUN + "/eval/{protocol}.json",
     params:
         settings=protocol_settings,
-    threads: config["evaluation"].get("threads", 1)
+    threads: job("evaluate")[0]
+    resources:
+        **job("evaluate")[1],
     log:
         RUN + "/logs/{protocol}.log",
     shell:

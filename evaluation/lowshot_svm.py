@@ -4,8 +4,8 @@ Goyal et al. 2019 (facebookresearch/fair_self_supervision_benchmark, VISSL's svm
 As there: features L2-normalised (norm + 1e-5); one-vs-rest sklearn LinearSVC per class with
 squared hinge, L2 penalty, tol 1e-4, max_iter 2000, class_weight {+1: 2, -1: 1};
 k labelled train samples per class for each k in `ks`, `num_draws` independent draws per k;
-liblinear's dual solver where samples <= dims (VISSL's case), else
-its primal solver (same objective, far faster there at large C: sklearn's dual="auto");
+liblinear's primal solver (VISSL uses the dual one: the same objective, but at large C it
+runs into max_iter and was 2-4x slower on our features);
 mean / std / min / max over draws of the test mAP (the mean of per-class AP of the decision
 scores). Single-label: k samples of every class, AP as sklearn's average_precision_score,
 plus top-1 of the argmax over class scores. Multilabel (VOC07, targets [N, C]): for each
@@ -95,7 +95,7 @@ def l2_normalise_like_vissl(x: np.ndarray) -> np.ndarray:
     return x / (np.linalg.norm(x, axis=1, keepdims=True) + 1e-5)
 
 
-def make_svm(cost: float, class_weight: dict, n_samples: int, n_dims: int, seed: int) -> LinearSVC:
+def make_svm(cost: float, class_weight: dict, seed: int) -> LinearSVC:
     return LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual=False, tol=SVM_TOL,
                      max_iter=SVM_MAX_ITER, class_weight=class_weight, intercept_scaling=1.0,
                      random_state=seed)
@@ -119,7 +119,7 @@ def ovr_scores(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, cost: f
                                           seed, counter) for c in classes], axis=1)
     else:
         class_weight, targets = {int(c): pos_weight for c in classes}, y_fit
-    svm = make_svm(cost, class_weight, *x_fit.shape, seed).fit(x_fit, targets)
+    svm = make_svm(cost, class_weight, seed).fit(x_fit, targets)
     counter["fits"] += 1
     counter["not_converged"] += int(np.max(svm.n_iter_) >= SVM_MAX_ITER)
     scores = svm.decision_function(x_eval)
@@ -203,7 +203,7 @@ def choose_cost(x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int,
     return float(used["cost_grid"][best]), "cv"
 
 
-def test_scores(x: np.ndarray, tasks: list[Task], x_test: np.ndarray, cost: float, used: dict, seed: int,
+def final_scores(x: np.ndarray, tasks: list[Task], x_test: np.ndarray, cost: float, used: dict, seed: int,
                 counter: dict) -> np.ndarray:
     """Decision scores [n_test, n_classes] of the SVMs trained on the whole draw at `cost`."""
     return np.concatenate([ovr_scores(x[task.rows], task.y, x_test, cost, used["pos_weight"], seed, counter)
@@ -242,7 +242,7 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
         draw_seed, counter = seed_for(seed, k, d), {"fits": 0, "not_converged": 0}
         tasks = draw_tasks(train_labels, draw)
         cost, rule = choose_cost(x, tasks, k, used, draw_seed, counter)
-        scores = test_scores(x, tasks, x_test, cost, used, draw_seed, counter)
+        scores = final_scores(x, tasks, x_test, cost, used, draw_seed, counter)
         top1 = None if multilabel else float(np.mean(scores.argmax(1) == test_labels))
         test_map = class_mean_ap(scores, test_labels, ap=voc_ap if multilabel else average_precision)
         return {"k": k, "cost": cost, "rule": rule, "map": test_map, "top1": top1, **counter}
@@ -271,7 +271,7 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
         cost_rule=f"stratified {used['cv_folds']}-fold CV on the low-shot set (folds = min(cv_folds, k)), "
                   "best class-mean AP, ties -> smaller cost; k = 1: fallback_cost",
         ap="VOC interpolated (VISSL)" if multilabel else "average precision as sklearn's average_precision_score",
-        svm={"loss": "squared_hinge", "penalty": "l2", "dual": "when samples <= dims, else primal", "tol": SVM_TOL,
+        svm={"loss": "squared_hinge", "penalty": "l2", "dual": False, "tol": SVM_TOL,
              "max_iter": SVM_MAX_ITER, "intercept_scaling": 1.0, "features": "L2-normalised (norm + 1e-5)"},
         svm_fits=counter["fits"], svm_fits_not_converged=counter["not_converged"],
     )

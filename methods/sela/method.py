@@ -43,7 +43,7 @@ class SeLa(Method):
         # The engine seeds torch with the run's seed before building the method: the labels follow it.
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
         initial = [equipartition_labels(info.num_train, self.num_clusters, generator) for _ in range(self.num_heads)]
-        self.labels = torch.stack(initial)  # [H, N] pseudo-labels, checkpointed
+        self.register_buffer("labels", torch.stack(initial))  # [H, N] pseudo-labels, checkpointed
 
     @staticmethod
     def relabel_schedule(num_epochs: int, count: int, power: float = 2.0) -> tuple[int, ...]:

@@ -1,0 +1,77 @@
+"""Clustering protocol: faiss k-means on the test split scored with AMI / NMI / ARI."""
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import adjusted_mutual_info_score
+
+from evaluation import clustering
+from evaluation.common import l2_normalize, seed_for
+
+
+def feature_dict(test, test_labels, num_classes, n_train=20, dim=None):
+    rng = np.random.default_rng(0)
+    dim = dim or test.shape[1]
+    return {"train": torch.as_tensor(rng.normal(size=(n_train, dim)), dtype=torch.float32),
+            "train_labels": torch.as_tensor(rng.integers(0, num_classes, n_train)),
+            "test": torch.as_tensor(test, dtype=torch.float32), "test_labels": torch.as_tensor(test_labels),
+            "num_classes": num_classes, "meta": {}}
+
+
+def one_hot(seed, num_classes=6, n=300, noise=0.02):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, num_classes, n)
+    return np.eye(num_classes)[labels] + noise * rng.normal(size=(n, num_classes)), labels
+
+
+def test_kmeans_recovers_well_separated_classes():
+    x, labels = one_hot(0)
+    clusters = clustering.kmeans_assign(l2_normalize(x), 6, niter=20, nredo=3, spherical=False, seed=1)
+    assert adjusted_mutual_info_score(labels, clusters) == pytest.approx(1.0)
+
+
+def test_separable_features_give_perfect_scores():
+    x, labels = one_hot(1)
+    metrics, used = clustering.evaluate(feature_dict(x, labels, 6), {"nredo": 3}, seed=0)
+    assert set(metrics) == {"ami", "nmi", "ari", "ami_k2x", "ami_k5x"}
+    assert metrics["ami"] == pytest.approx(1.0) and metrics["nmi"] == pytest.approx(1.0)
+    assert metrics["ari"] == pytest.approx(1.0)
+    assert 0 < metrics["ami_k5x"] < metrics["ami"]  # over-clustering splits classes
+    assert used["k"] == {"ami": 6, "ami_k2x": 12, "ami_k5x": 30}
+
+
+def test_features_independent_of_labels_give_chance_scores():
+    # AMI and ARI are adjusted for chance: expectation 0 for labels independent of the clusters;
+    # their spread at n = 2000 and 10 clusters is about 0.002 (measured over random labelings),
+    # so 0.02 is a wide bound that still fails any real signal.
+    rng = np.random.default_rng(2)
+    metrics, _ = clustering.evaluate(feature_dict(rng.normal(size=(2000, 16)), rng.integers(0, 10, 2000), 10),
+                                     {"restarts": 3, "overcluster": [2]}, seed=0)
+    for name in ("ami", "ari", "ami_k2x"):
+        assert abs(metrics[name]) < 0.02, (name, metrics[name])
+
+
+def test_metrics_are_the_mean_over_restarts_with_seeds_derived_from_the_run_seed():
+    rng = np.random.default_rng(3)
+    x, labels = rng.normal(size=(200, 5)), rng.integers(0, 4, 200)  # no structure: restarts disagree
+    settings = {"restarts": 3, "niter": 10, "overcluster": []}
+    metrics, _ = clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)
+    per_restart = [adjusted_mutual_info_score(labels, clustering.kmeans_assign(
+        l2_normalize(x), 4, 10, 1, False, seed_for(7, 4, r))) for r in range(3)]
+    assert len(set(per_restart)) == 3
+    assert metrics["ami"] == pytest.approx(np.mean(per_restart))
+    assert clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)[0] == metrics
+    assert clustering.evaluate(feature_dict(x, labels, 4), settings, seed=8)[0] != metrics
+
+
+def test_k_is_capped_at_the_number_of_test_samples():
+    x, labels = one_hot(4, num_classes=6, n=20)
+    metrics, used = clustering.evaluate(feature_dict(x, labels, 6), {"restarts": 1}, seed=0)
+    assert used["k"]["ami_k5x"] == 20 and np.isfinite(list(metrics.values())).all()
+
+
+def test_settings_errors():
+    x, labels = one_hot(5)
+    with pytest.raises(ValueError, match=r"'k'.*known settings are"):
+        clustering.evaluate(feature_dict(x, labels, 6), {"k": 5}, seed=0)
+    with pytest.raises(ValueError, match="restarts"):
+        clustering.evaluate(feature_dict(x, labels, 6), {"restarts": 0}, seed=0)
