@@ -1,11 +1,13 @@
 # sslbench: pretrain -> extract -> evaluate -> collect.
 # Thin by design: every rule calls the `sslbench` CLI, where the logic is tested.
 import json
+import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
-from sslbench.config import resolve_method_config, selected_methods
+from sslbench.config import method_problems, resolve_method_config, selected_methods
 
 min_version("9.0")
 
@@ -17,6 +19,20 @@ validate(config, BASE / "config" / "schema.yaml")
 
 DATASET = config["dataset"]["name"]
 METHODS = selected_methods(config, METHODS_DIR)
+# Broken method folders are caught here, before any training, and left out of the DAG. Unless
+# --keep-going is given, the run then stops before its first job (onstart); with it, the other
+# methods run and results/failures.csv names the broken ones.
+FAILED = method_problems(METHODS_DIR, METHODS)
+FAILED_MESSAGE = "\n".join(f"  methods/{m}: {why}" for m, why in FAILED.items())
+if FAILED:
+    print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)
+    METHODS = [m for m in METHODS if m not in FAILED]
+
+
+onstart:
+    if FAILED and not workflow.execution_settings.keep_going:
+        raise WorkflowError(f"broken method folder(s):\n{FAILED_MESSAGE}\nFix them, or run with "
+                            "--keep-going to run the other methods (results/failures.csv will name these).")
 SEEDS = config["seeds"]
 PROTOCOLS = config["protocols"]
 RUN = "results/{dataset}/{method}/seed{seed}"
@@ -121,9 +137,13 @@ rule collect:
     input:
         expand(RUN + "/eval/{protocol}.json", dataset=DATASET, method=METHODS, seed=SEEDS, protocol=PROTOCOLS),
     output:
-        "results/table.csv",
+        table="results/table.csv",
+        failures="results/failures.csv",
+    params:
+        failed=json.dumps(FAILED, sort_keys=True),
     shell:
-        "sslbench collect --out {output:q} {input:q}"
+        "sslbench collect --out {output.table:q} --failures {output.failures:q} "
+        "--failed-json {params.failed:q} {input:q}"
 
 
 rule report:

@@ -35,9 +35,11 @@ def cmd_evaluate(args) -> None:
 
 
 def cmd_collect(args) -> None:
-    from .results import collect
+    from .results import collect, write_failures
 
     table = collect(args.results, args.out)
+    if args.failures:
+        write_failures(args.failures, json.loads(args.failed_json))
     print(f"[sslbench] {len(table)} rows -> {args.out}")
 
 
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("collect", help="result JSONs -> long-format table.csv")
     p.add_argument("--out", required=True)
+    p.add_argument("--failures", default=None, help="CSV naming the method folders that could not run")
+    p.add_argument("--failed-json", default="{}", help="{method: problem}")
     p.add_argument("results", nargs="*")
     p.set_defaults(func=cmd_collect)
 

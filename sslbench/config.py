@@ -35,7 +35,31 @@ def discover_methods(methods_dir: str | Path) -> list[str]:
 def list_method_folders(methods_dir: str | Path) -> list[str]:
     """Folders that look like methods, with or without method.py (to report broken ones)."""
     root = Path(methods_dir)
+    if not root.is_dir():
+        return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def method_problems(methods_dir: str | Path, names: list[str] | None = None) -> dict[str, str]:
+    """{method: what is wrong} for method folders that cannot run, checked before any training.
+
+    Looks at every folder under methods/ (or just ``names``): a missing method.py, a config.yaml
+    that does not parse, and a method.py that fails to import, has no Method subclass or lacks
+    a required hook.
+    """
+    from .plugins import PluginError, load_method_class  # imports torch: only when checking
+
+    root = Path(methods_dir)
+    problems = {}
+    for name in names if names is not None else list_method_folders(root):
+        folder = root / name
+        try:
+            if (folder / "config.yaml").exists():
+                load_yaml(folder / "config.yaml")
+            load_method_class(folder)
+        except (ConfigError, PluginError) as err:
+            problems[name] = str(err)
+    return problems
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -64,12 +88,12 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def selected_methods(config: dict, methods_dir: str | Path) -> list[str]:
-    """The methods a config asks for (``methods: all`` means every discovered folder)."""
+    """The methods a config asks for (``methods: all`` means every folder under methods/)."""
     found = discover_methods(methods_dir)
     wanted = config.get("methods", "all")
     if wanted == "all":
-        return found
-    unknown = [m for m in wanted if m not in found]
+        return list_method_folders(methods_dir)  # folders without method.py are reported, not skipped
+    unknown = [m for m in wanted if not (Path(methods_dir) / m).is_dir()]
     if unknown:
         raise ConfigError(
             f"config key `methods`: unknown method(s) {unknown}; known methods (folders under "

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from . import distributed as dist
 from .method import projection_mlp
 
 # What each MoCo version changes (MoCo v2 paper, Table 1; main_moco.py --mlp --aug-plus --cos).
@@ -63,23 +64,6 @@ def check_version(cfg: dict) -> None:
             "to run that version as its paper does",
             stacklevel=2,
         )
-
-
-# --- distributed helpers -------------------------------------------------------------------
-
-def world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-@torch.no_grad()
-def concat_all_gather(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's x concatenated in rank order (no gradient); x itself in a single process."""
-    if world_size() == 1:
-        return x
-    parts = [torch.empty_like(x) for _ in range(world_size())]
-    torch.distributed.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
 
 
 # --- split batch norm ----------------------------------------------------------------------
@@ -154,7 +138,7 @@ def check_bn_splits(num_splits, batch_size: int) -> int:
     if not isinstance(num_splits, int) or num_splits < 1 or batch_size % num_splits:
         raise ValueError(
             f"config key `bn_splits` = {num_splits!r} must be a positive integer dividing the batch size "
-            f"{batch_size} (`train.batch_size`)"
+            f"{batch_size} of each process (`train.batch_size` / number of processes)"
         )
     return num_splits
 
@@ -186,7 +170,7 @@ class MomentumEncoder(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Keys for the batch x, computed on a shuffled batch and returned in x's order (shuffle-BN)."""
-        if world_size() > 1:
+        if dist.world_size() > 1:
             return self._forward_shuffled_across_ranks(x)
         order = torch.randperm(x.shape[0]).to(x.device)  # CPU RNG: the same draws on every device
         return self.net(x[order])[torch.argsort(order)]
@@ -198,13 +182,11 @@ class MomentumEncoder(nn.Module):
 
     def _forward_shuffled_across_ranks(self, x: torch.Tensor) -> torch.Tensor:
         # moco/builder.py _batch_shuffle_ddp / _batch_unshuffle_ddp: rank 0 draws the permutation.
-        dist = torch.distributed
-        ranks, rank = world_size(), dist.get_rank()
-        x_all = concat_all_gather(x)
-        order = torch.randperm(x_all.shape[0]).to(x.device)
-        dist.broadcast(order, src=0)
+        ranks, rank = dist.world_size(), dist.rank()
+        x_all = dist.gather(x)
+        order = dist.broadcast(torch.randperm(x_all.shape[0]).to(x.device), src=0)
         mine = order.view(ranks, -1)[rank]
-        keys_all = concat_all_gather(self.net(x_all[mine]))  # in shuffled order
+        keys_all = dist.gather(self.net(x_all[mine]))  # in shuffled order
         return keys_all[torch.argsort(order)].view(ranks, -1, *keys_all.shape[1:])[rank]
 
 
@@ -228,7 +210,7 @@ class KeyQueue(nn.Module):
     @torch.no_grad()
     def push(self, keys: torch.Tensor) -> None:
         """Enqueue this step's keys (every rank's) over the oldest ones."""
-        keys = concat_all_gather(keys.detach())
+        keys = dist.gather(keys.detach())
         n, size = keys.shape[0], len(self)
         if size % n:
             raise ValueError(f"queue size {size} is not a multiple of the {n} keys pushed per step")
@@ -268,11 +250,11 @@ def moco_components(backbone: nn.Module, num_train: int, cfg: dict) -> tuple[nn.
     so the key encoder (a copy) has it too."""
     p = cfg["params"]
     check_version(cfg)
-    batch_size = int(cfg["train"]["batch_size"])
-    use_split_batch_norm(backbone, check_bn_splits(p["bn_splits"], batch_size))
+    batch_size = int(cfg["train"]["batch_size"])  # the global batch: every step enqueues this many keys
+    use_split_batch_norm(backbone, check_bn_splits(p["bn_splits"], batch_size // dist.world_size()))
     head = moco_head(p["version"], int(backbone.num_features), int(p["dim"]))
     key_encoder = MomentumEncoder([backbone, head], p["momentum"])
-    queue = KeyQueue(fit_queue_size(p["queue_size"], batch_size * world_size(), num_train), int(p["dim"]))
+    queue = KeyQueue(fit_queue_size(p["queue_size"], batch_size, num_train), int(p["dim"]))
     return head, key_encoder, queue
 
 

@@ -97,3 +97,9 @@ def collect(result_paths: list[str | Path], out_path: str | Path) -> pd.DataFram
         table = table[KEY_COLUMNS + rest].sort_values(["dataset", "method", "seed", "protocol", "metric"])
     io.write_text(out_path, table.to_csv(index=False))
     return table
+
+
+def write_failures(path: str | Path, failed: dict[str, str]) -> Path:
+    """``results/failures.csv``: the method folders skipped (with --keep-going) and why."""
+    frame = pd.DataFrame(sorted(failed.items()), columns=["method", "problem"])
+    return io.write_text(path, frame.to_csv(index=False))

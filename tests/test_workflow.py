@@ -95,3 +95,31 @@ def test_new_method_folder_runs_only_its_jobs_and_collect(workflow):
         assert "simclr_copy" in methods
     finally:
         shutil.rmtree(workflow / "methods" / "simclr_copy")
+
+
+def test_broken_method_folder_stops_before_training_or_is_skipped_with_keep_going(workflow):
+    broken = workflow / "methods" / "broken"
+    broken.mkdir()
+    (broken / "method.py").write_text("from sslbench import Method\nclass Broken(Method)\n    pass\n")
+    cfg = yaml.safe_load((workflow / "tiny.yaml").read_text())
+    cfg["methods"] = ["simclr", "random", "broken"]
+    (workflow / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    before = (workflow / "results" / "table.csv").read_bytes()
+    try:
+        out = snakemake(workflow, "--cores", "2")
+        text = out.stdout + out.stderr
+        assert out.returncode != 0
+        assert "methods/broken" in text and "syntax error" in text and "--keep-going" in text, text
+        assert not (workflow / "results" / "digits" / "broken").exists()
+        assert (workflow / "results" / "table.csv").read_bytes() == before  # nothing computed is touched
+
+        out = snakemake(workflow, "--cores", "2", "--keep-going")
+        assert out.returncode == 0, out.stdout + out.stderr
+        failures = pd.read_csv(workflow / "results" / "failures.csv")
+        assert list(failures["method"]) == ["broken"] and "syntax error" in failures["problem"][0]
+        table = pd.read_csv(workflow / "results" / "table.csv")
+        assert set(table["method"]) == {"simclr", "random"}
+    finally:
+        shutil.rmtree(broken)
+        cfg["methods"] = ["simclr", "random"]
+        (workflow / "tiny.yaml").write_text(yaml.safe_dump(cfg))

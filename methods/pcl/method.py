@@ -24,10 +24,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from sslbench import distributed as dist
 from sslbench.clustering import concentration, kmeans
 from sslbench.losses import info_nce, proto_nce, sample_negative_prototypes
 from sslbench.method import Method
-from sslbench.momentum import moco_components, temperature_of, world_size
+from sslbench.momentum import moco_components, temperature_of
 
 
 class PCL(Method):
@@ -70,11 +71,10 @@ class PCL(Method):
             self.prototype(m).copy_(F.normalize(found.centroids, dim=1))
             self.phi(m).copy_(phi)
             self.assignments[m].copy_(found.assignments)
-        if world_size() > 1:  # rank 0's clustering for everyone, as main_pcl.py broadcasts it
-            for m in range(len(self.num_clusters)):
-                for buffer in (self.prototype(m), self.phi(m)):
-                    torch.distributed.broadcast(buffer, src=0)
-            torch.distributed.broadcast(self.assignments, src=0)
+        for m in range(len(self.num_clusters)):  # rank 0's clustering for every rank, as main_pcl.py
+            dist.broadcast(self.prototype(m))
+            dist.broadcast(self.phi(m))
+        dist.broadcast(self.assignments)
 
     def cluster_size_stats(self) -> dict:
         stats = {}

@@ -1,0 +1,187 @@
+"""A real one-node SLURM on this machine for tests: munged, slurmctld and slurmd, started and stopped here.
+
+Debian's slurm packages (installed by .ci/install-slurm.sh). Everything the cluster writes (its config,
+state, spool, logs) lies in one folder; clients find the config through $SLURM_CONF, so /etc/slurm is
+never touched. Daemons run in the foreground as our children and are stopped by their own PIDs.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+PARTITION = "sslbench_test"
+DAEMONS = ("slurmctld", "slurmd", "munged")
+
+
+class SlurmUnavailable(RuntimeError):
+    """This machine cannot run the local cluster (the message says why); tests skip on it."""
+
+
+def why_unavailable() -> str | None:
+    """None when a local cluster can be started here, else the reason."""
+    missing = [d for d in DAEMONS if shutil.which(d) is None and not Path("/usr/sbin", d).exists()]
+    if missing:
+        return f"{', '.join(missing)} not installed (run .ci/install-slurm.sh as root)"
+    if os.geteuid() != 0:
+        return "the local SLURM runs its daemons as root; this test is not root"
+    return None
+
+
+def _binary(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_line() -> str:
+    """This machine as slurmd sees it (`slurmd -C`): NodeName, CPUs, sockets, cores, RealMemory."""
+    out = subprocess.run([_binary("slurmd"), "-C"], capture_output=True, text=True, check=True).stdout
+    return next(line for line in out.splitlines() if line.startswith("NodeName="))
+
+
+class LocalSlurm:
+    """`with LocalSlurm(folder) as cluster:` a running one-node cluster; `cluster.env` for its clients."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.conf = self.folder / "slurm.conf"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.node = ""
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def __enter__(self) -> "LocalSlurm":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 60) -> None:
+        reason = why_unavailable()
+        if reason:
+            raise SlurmUnavailable(reason)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._ensure_munge()
+        self._write_conf()
+        self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+        self._wait(lambda: self._run("scontrol", "ping").stdout.count("UP") > 0, "slurmctld answering", timeout)
+        self._spawn("slurmd", [_binary("slurmd"), "-D", "-f", str(self.conf)])
+        self._wait(lambda: self.node_state() == "idle", "the node idle in sinfo", timeout)
+
+    def stop(self, timeout: float = 15) -> None:
+        """Stop the daemons this object started, newest first, by PID."""
+        for name in reversed(list(self.processes)):
+            process = self.processes.pop(name)
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+    # -- queries ---------------------------------------------------------------------------------------
+    def node_state(self) -> str:
+        return self._run("sinfo", "-h", "-N", "-o", "%T").stdout.strip()
+
+    def jobs(self) -> list[dict[str, str]]:
+        """Every job slurmctld still remembers (MinJobAge), as `scontrol show job -o` key=value fields."""
+        out = self._run("scontrol", "show", "job", "-o").stdout
+        return [dict(field.split("=", 1) for field in line.split() if "=" in field)
+                for line in out.splitlines() if line.startswith("JobId=")]
+
+    def log_tail(self, lines: int = 30) -> str:
+        parts = []
+        for name in ("slurmctld", "slurmd"):
+            log = self.folder / f"{name}.log"
+            if log.exists():
+                parts.append(f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(parts)
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _run(self, *command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=30)
+
+    def _spawn(self, name: str, command: list[str], **kwargs) -> None:
+        log = open(self.folder / f"{name}.stdout", "wb")
+        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                env=self.env, start_new_session=True, **kwargs)
+        log.close()
+
+    def _wait(self, ready, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [n for n, p in self.processes.items() if p.poll() is not None]
+            if dead:
+                raise SlurmUnavailable(f"{', '.join(dead)} exited while waiting for {what}\n{self.log_tail()}")
+            if ready():
+                return
+            time.sleep(0.3)
+        raise SlurmUnavailable(f"no {what} after {timeout:.0f} s\n{self.log_tail()}")
+
+    def _munge_works(self) -> bool:
+        encode = subprocess.run(["munge", "-n"], capture_output=True)
+        decode = subprocess.run(["unmunge"], input=encode.stdout, capture_output=True)
+        return encode.returncode == 0 and decode.returncode == 0
+
+    def _ensure_munge(self) -> None:
+        """Reuse a munged that already answers; else start one as the munge user (it refuses root)."""
+        if shutil.which("munge") and self._munge_works():
+            return
+        munge = pwd.getpwnam("munge")
+        for folder in ("/run/munge", "/var/lib/munge", "/var/log/munge"):  # /run is emptied at boot
+            os.makedirs(folder, exist_ok=True)
+            os.chown(folder, munge.pw_uid, munge.pw_gid)
+        self._spawn("munged", [_binary("munged"), "--foreground"], user=munge.pw_uid, group=munge.pw_gid,
+                    extra_groups=[], cwd="/")
+        self._wait(self._munge_works, "munge answering (munge -n | unmunge)", 15)
+
+    def _write_conf(self) -> None:
+        for sub in ("state", "spool"):
+            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        node = _node_line()
+        self.node = node.split()[0].split("=", 1)[1]
+        f = self.folder
+        self.conf.write_text(f"""\
+ClusterName=sslbenchtest
+SlurmctldHost={self.node}
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+# finished jobs stay visible to squeue/scontrol this long: the executor plugin polls squeue
+MinJobAge=300
+StateSaveLocation={f}/state
+SlurmdSpoolDir={f}/spool
+SlurmctldPidFile={f}/slurmctld.pid
+SlurmdPidFile={f}/slurmd.pid
+SlurmctldLogFile={f}/slurmctld.log
+SlurmdLogFile={f}/slurmd.log
+{node} State=UNKNOWN
+PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+""")

@@ -1,0 +1,311 @@
+"""MoCo (methods/moco) and its machinery (sslbench/momentum.py), on tiny inputs."""
+import datetime
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import METHODS_DIR
+from sslbench.backbones import create_backbone
+from sslbench.engine import Trainer, build_method, load_data
+from sslbench.losses import info_nce
+from sslbench.method import EpochContext
+from sslbench.momentum import (KeyQueue, MomentumEncoder, SplitBatchNorm2d, fit_queue_size,
+                               use_split_batch_norm)
+
+BATCH = 64  # the tiny suite's batch size (tests/conftest.py)
+
+
+def build(method_config, seed=0, **overrides):
+    cfg = method_config("moco", **{"queue_size": 2 * BATCH, **overrides})
+    return build_method(METHODS_DIR / "moco", cfg, load_data(cfg), seed)
+
+
+def views(seed, n=BATCH):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, 1, 8, 8, generator=g) for _ in range(2)]
+
+
+def context():
+    def no_data(fn):
+        raise AssertionError("this test does not look at the training set")
+    return EpochContext(epoch=0, num_epochs=1, step=1, steps_per_epoch=1, device=torch.device("cpu"),
+                        forward_train_set=no_data)
+
+
+def capture_outputs(module):
+    """The outputs of module's forward calls, in order (a real forward hook)."""
+    outputs = []
+    module.register_forward_hook(lambda mod, args, out: outputs.append(out.detach().clone()))
+    return outputs
+
+
+def query_parameters(method):
+    return [p.detach().clone() for m in (method.backbone, method.projector) for p in m.parameters()]
+
+
+def key_parameters(method):
+    return [p.detach().clone() for p in method.key_encoder.parameters()]
+
+
+def sgd_step(method, batch_seed):
+    optimizer = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.5)
+    method.train()
+    loss = method.training_loss(views(batch_seed), None, torch.arange(BATCH))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    method.on_step_end(context())
+
+
+# --- the key encoder ---------------------------------------------------------------------
+
+def test_momentum_zero_copies_the_query_encoder_after_one_step(method_config):
+    method = build(method_config, momentum=0.0)
+    before = query_parameters(method)
+    sgd_step(method, 1)
+    after = query_parameters(method)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))  # the query encoder did move
+    for q, k in zip(after, key_parameters(method)):
+        assert torch.equal(q, k)
+
+
+def test_momentum_one_freezes_the_key_encoder(method_config):
+    method = build(method_config, momentum=1.0)
+    initial = key_parameters(method)
+    for q, k in zip(query_parameters(method), initial):
+        assert torch.equal(q, k)  # starts as a copy of the query encoder
+    sgd_step(method, 1)
+    sgd_step(method, 2)
+    assert all(not p.requires_grad for p in method.key_encoder.parameters())
+    for k0, k in zip(initial, key_parameters(method)):
+        assert torch.equal(k0, k)
+
+
+def test_momentum_update_is_the_convex_combination():
+    online = nn.Linear(3, 2)
+    encoder = MomentumEncoder([online], momentum=0.75)
+    theta_k = [p.clone() for p in encoder.parameters()]
+    with torch.no_grad():
+        for p in online.parameters():
+            p.add_(1.0)
+    encoder.update([online])
+    for k_old, k_new, q in zip(theta_k, encoder.parameters(), online.parameters()):
+        torch.testing.assert_close(k_new, 0.75 * k_old + 0.25 * q)
+
+
+def test_shuffled_key_forward_returns_keys_in_batch_order():
+    # With one BN group, shuffling changes nothing but the order, which must be undone.
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 5))
+    encoder = MomentumEncoder([net], momentum=0.9).train()
+    x = torch.randn(16, 1, 8, 8)
+    reference = MomentumEncoder([net], momentum=0.9).train().embed(x)
+    torch.testing.assert_close(encoder(x), reference)
+
+
+# --- the queue ---------------------------------------------------------------------------
+
+def test_queue_holds_the_last_K_keys_in_ring_order(method_config):
+    method = build(method_config).train()
+    assert len(method.queue) == 2 * BATCH and int(method.queue.pointer) == 0
+    keys = capture_outputs(method.key_encoder)
+    for step in range(3):
+        method.training_loss(views(step), None, torch.arange(BATCH))
+    k = [F.normalize(out, dim=1) for out in keys]
+    # Steps 0, 1, 2 went to slots [0, 64), [64, 128), [0, 64): step 2 overwrote step 0.
+    torch.testing.assert_close(method.queue.keys, torch.cat([k[2], k[1]]))
+    assert int(method.queue.pointer) == BATCH
+
+
+def test_a_batch_is_contrasted_with_the_queue_before_its_own_keys_enter_it(method_config):
+    method = build(method_config).train()
+    method.training_loss(views(0), None, torch.arange(BATCH))  # some real keys in the queue
+    queue_before = method.queue.keys.clone()
+    queries, keys = capture_outputs(method.projector), capture_outputs(method.key_encoder)
+    loss = method.training_loss(views(1), None, torch.arange(BATCH))
+    q, k = F.normalize(queries[0], dim=1), F.normalize(keys[0], dim=1)
+    torch.testing.assert_close(loss, info_nce(q, k, queue_before, method.temperature))
+    queue_after = method.queue.keys
+    torch.testing.assert_close(queue_after[BATCH:], k)  # this batch's keys are in the queue now ...
+    assert not torch.allclose(loss, info_nce(q, k, queue_after, method.temperature))  # ... not in its loss
+
+
+def test_queue_push_rejects_a_batch_that_does_not_divide_it():
+    queue = KeyQueue(10, 4)
+    with pytest.raises(ValueError, match="multiple"):
+        queue.push(torch.randn(4, 4))
+
+
+def test_effective_queue_size_shrinks_with_a_warning_on_small_data(method_config):
+    with pytest.warns(UserWarning, match="shrunk to 1280"):
+        method = build(method_config, queue_size=65536)
+    num_train = method.info.num_train  # 1347 digits: 1347 - 64 = 1283 -> 20 batches
+    assert len(method.queue) == 1280 == (num_train - BATCH) // BATCH * BATCH
+    with pytest.warns(UserWarning, match="shrunk to 64"):
+        assert fit_queue_size(100, 64, 1000) == 64  # not a multiple of the batch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fit_queue_size(128, 64, 1000) == 128  # fits: no warning
+    with pytest.raises(ValueError, match="too few"):
+        fit_queue_size(128, 64, 100)
+
+
+# --- split batch norm ----------------------------------------------------------------------
+
+def random_bn(bn):
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    return bn
+
+
+def test_split_bn_with_one_split_is_plain_batch_norm_in_train_mode():
+    plain = random_bn(nn.BatchNorm2d(3)).train()
+    split = SplitBatchNorm2d(3, num_splits=1).train()
+    split.load_state_dict(plain.state_dict())
+    x = torch.randn(8, 3, 5, 5, requires_grad=True)
+    out_split, out_plain = split(x), plain(x)
+    torch.testing.assert_close(out_split, out_plain)
+    torch.testing.assert_close(split.running_mean, plain.running_mean)
+    torch.testing.assert_close(split.running_var, plain.running_var)
+    grad_split = torch.autograd.grad(out_split.pow(2).sum(), [x, split.weight])
+    grad_plain = torch.autograd.grad(out_plain.pow(2).sum(), [x, plain.weight])
+    for a, b in zip(grad_split, grad_plain):
+        torch.testing.assert_close(a, b)
+
+
+def test_split_bn_normalises_each_sub_batch_on_its_own():
+    split = random_bn(SplitBatchNorm2d(3, num_splits=4)).train()
+    start_mean, start_var = split.running_mean.clone(), split.running_var.clone()
+    x = torch.randn(16, 3, 5, 5) * torch.arange(1.0, 17.0).view(16, 1, 1, 1)  # sub-batches differ
+    out = split(x)
+    expected, means, variances = [], [], []
+    for chunk in x.chunk(4):
+        mean, var = start_mean.clone(), start_var.clone()
+        expected.append(F.batch_norm(chunk, mean, var, split.weight, split.bias, True, split.momentum, split.eps))
+        means.append(mean)
+        variances.append(var)
+    torch.testing.assert_close(out, torch.cat(expected))
+    torch.testing.assert_close(split.running_mean, torch.stack(means).mean(0))
+    torch.testing.assert_close(split.running_var, torch.stack(variances).mean(0))
+    split.eval()  # evaluation: plain batch norm with the running statistics
+    plain = nn.BatchNorm2d(3).eval()
+    plain.load_state_dict(split.state_dict())
+    torch.testing.assert_close(split(x), plain(x))
+
+
+def test_split_bn_rejects_a_batch_it_cannot_split():
+    with pytest.raises(ValueError, match="bn_splits"):
+        SplitBatchNorm2d(3, num_splits=4).train()(torch.randn(6, 3, 2, 2))
+
+
+def test_split_bn_conversion_keeps_the_state_dict_of_the_backbone(method_config):
+    method = build(method_config, bn_splits=4)
+    split_layers = [m for m in method.backbone.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert split_layers and all(isinstance(m, SplitBatchNorm2d) for m in split_layers)
+    assert all(isinstance(m, SplitBatchNorm2d) for m in method.key_encoder.modules()
+               if isinstance(m, nn.BatchNorm2d))
+    plain = create_backbone(method.cfg["backbone"]["name"], in_chans=1)
+    plain.load_state_dict(method.encoder().state_dict())  # the evaluated encoder loads into timm's
+    with pytest.raises(ValueError, match="bn_splits"):
+        use_split_batch_norm(nn.Sequential(nn.BatchNorm1d(4)), 2)
+    with pytest.raises(ValueError, match="bn_splits"):
+        build(method_config, bn_splits=5)  # does not divide the batch of 64
+
+
+# --- versions ------------------------------------------------------------------------------
+
+def test_version_one_has_a_linear_head_and_warns_about_a_v2_recipe(method_config):
+    with pytest.warns(UserWarning, match="mocov1"):
+        method = build(method_config, version=1)
+    assert [type(m) for m in method.projector] == [nn.Linear]
+    assert method.temperature == 0.07
+    v2 = build(method_config)
+    assert [type(m) for m in v2.projector] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert v2.projector[0].out_features == v2.feature_dim and v2.temperature == 0.2
+    with pytest.raises(ValueError, match="version"):
+        build(method_config, version=3)
+
+
+# --- training ------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:moco. version 2 uses")  # a constant lr on purpose
+def test_training_lowers_the_loss(tmp_path, method_config):
+    # A random network embeds every image alike, so the loss starts near log(1 + K) and drops
+    # once instances separate (after ~5 tiny epochs); the first epoch is lower only because the
+    # queue starts with random keys. A constant lr keeps the late epochs learning.
+    cfg = method_config("moco", queue_size=2 * BATCH, train={"epochs": 8, "schedule": "constant"})
+    trainer = Trainer(METHODS_DIR / "moco", cfg, 0, tmp_path, progress=False)
+    losses = [trainer.train_epoch()["loss"] for _ in range(8)]
+    assert all(math.isfinite(v) for v in losses)
+    assert max(losses[1:]) < math.log(1 + 2 * BATCH) + 0.01
+    assert sum(losses[-2:]) / 2 < sum(losses[1:3]) / 2 - 0.02
+    assert trainer.log_rows[-1]["queue_size"] == 2 * BATCH
+
+
+def test_resume_restores_the_queue_and_key_encoder_exactly(tmp_path, method_config):
+    cfg = method_config("moco", queue_size=2 * BATCH)
+    full = Trainer(METHODS_DIR / "moco", cfg, 0, tmp_path / "full", progress=False)
+    full.fit()
+    first = Trainer(METHODS_DIR / "moco", cfg, 0, tmp_path / "resumed", progress=False)
+    first.train_epoch()
+    first._save_epoch_checkpoint()
+    resumed = Trainer(METHODS_DIR / "moco", cfg, 0, tmp_path / "resumed", progress=False)
+    assert resumed.resume() and resumed.state.epoch == 1
+    resumed.fit()
+    a, b = full.method.state_dict(), resumed.method.state_dict()
+    assert a.keys() == b.keys() and {"queue.keys", "queue.pointer"} <= set(a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+# --- shuffle-BN across ranks (real torch.distributed, gloo on CPU) ---------------------------
+
+def _shuffle_bn_worker(rank, world, port, out_dir):
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world, timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)  # the same network on every rank
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 5))
+    encoder = MomentumEncoder([net], momentum=0.9)
+    torch.manual_seed(100 + rank)  # each rank's own images and RNG stream
+    x = torch.randn(8, 1, 8, 8)
+    # Eval first: the train-mode pass moves each rank's running statistics differently.
+    eval_keys, embedded = encoder.eval()(x), encoder.embed(x)
+    seen = capture_outputs(encoder.net[0][0])  # what this rank's BN normalises (conv outputs)
+    train_keys = encoder.train()(x)
+    queue = KeyQueue(32, 5)
+    queue.push(eval_keys)
+    torch.save({"x": x, "seen": seen[0], "own_conv": encoder.net[0][0](x), "train_keys": train_keys,
+                "eval_keys": eval_keys, "embed": embedded, "queue": queue.keys,
+                "pointer": queue.pointer}, f"{out_dir}/rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_shuffle_bn_across_ranks_mixes_the_global_batch_and_restores_order(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # fork: the workers reuse this process's imports (spawn would re-import torch and timm)
+    mp.start_processes(_shuffle_bn_worker, args=(2, port, str(tmp_path)), nprocs=2, start_method="fork")
+    r = [torch.load(tmp_path / f"rank{i}.pt") for i in range(2)]
+    for i in range(2):
+        torch.testing.assert_close(r[i]["eval_keys"], r[i]["embed"])  # keys come back in batch order
+        assert not torch.allclose(r[i]["seen"], r[i]["own_conv"])  # BN saw a shuffled mix ...
+    own = torch.cat([r[0]["own_conv"], r[1]["own_conv"]])
+    seen = torch.cat([r[0]["seen"], r[1]["seen"]])
+    # ... of the global batch: every image exactly once across the ranks.
+    order = [int((own - row).flatten(1).abs().sum(1).argmin()) for row in seen]
+    assert sorted(order) == list(range(16))
+    torch.testing.assert_close(seen, own[order])
+    for i in range(2):  # every rank's queue holds both ranks' keys, in rank order
+        torch.testing.assert_close(r[i]["queue"][:16], torch.cat([r[0]["eval_keys"], r[1]["eval_keys"]]))
+        assert int(r[i]["pointer"]) == 16

@@ -1,0 +1,137 @@
+"""PCL (methods/pcl): warm-up, E-step, ProtoNCE through the method, training, on tiny inputs."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import METHODS_DIR
+from sslbench.engine import Trainer, build_method, load_data
+from sslbench.losses import info_nce, proto_nce
+
+BATCH = 64  # the tiny suite's batch size (tests/conftest.py)
+
+
+def config(method_config, **overrides):
+    return method_config("pcl", **{"queue_size": 2 * BATCH, **overrides})
+
+
+def trainer(tmp_path, method_config, **overrides):
+    return Trainer(METHODS_DIR / "pcl", config(method_config, **overrides), 0, tmp_path, progress=False)
+
+
+def e_step(t: Trainer) -> dict:
+    """Run the method's epoch hook as the engine does, with the real training set."""
+    ctx = t._context()
+    t.method.on_epoch_start(ctx)
+    return ctx.log
+
+
+def batch(t: Trainer, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    indices = torch.randperm(len(t.labels), generator=g)[:BATCH]
+    return [t.augment(t.images[indices], g) for _ in range(2)], indices
+
+
+def capture_outputs(module):
+    outputs = []
+    module.register_forward_hook(lambda mod, args, out: outputs.append(out.detach().clone()))
+    return outputs
+
+
+def test_warm_up_loss_is_infonce_alone_and_then_adds_the_mean_protonce(tmp_path, method_config):
+    t = trainer(tmp_path, method_config, warmup_epochs=1, num_clusters=[10, 20, 40])
+    method = t.method.train()
+    log = e_step(t)  # epoch 0 < warmup_epochs: no clustering
+    assert "estep_seconds" not in log and (method.assignments == -1).all()
+
+    def loss_and_parts(seed):
+        queue = method.queue.keys.clone()
+        queries, keys = capture_outputs(method.projector), capture_outputs(method.key_encoder)
+        views, indices = batch(t, seed)
+        loss = method.training_loss(views, None, indices)
+        q, k = F.normalize(queries[-1], dim=1), F.normalize(keys[-1], dim=1)
+        return loss, info_nce(q, k, queue, method.temperature), q, indices
+
+    loss, infonce, _, _ = loss_and_parts(0)
+    torch.testing.assert_close(loss, infonce)
+
+    t.state.epoch = 1  # warm-up over: the next epoch starts with an E-step
+    e_step(t)
+    loss, infonce, q, indices = loss_and_parts(1)
+    protos = [proto_nce(q, method.prototype(m), method.assignments[m][indices], method.phi(m)) for m in range(3)]
+    torch.testing.assert_close(loss, infonce + sum(protos) / 3)
+
+
+def test_e_step_gives_unit_prototypes_concentrations_of_mean_t_and_assigns_every_image(tmp_path, method_config):
+    t = trainer(tmp_path, method_config, warmup_epochs=0, num_clusters=[10, 25])
+    method = t.method
+    log = e_step(t)
+    num_train = len(t.labels)
+    assert method.assignments.shape == (2, num_train)
+    for m, k in enumerate([10, 25]):
+        prototypes, phi, assigned = method.prototype(m), method.phi(m), method.assignments[m]
+        assert prototypes.shape == (k, 128)
+        torch.testing.assert_close(prototypes.norm(dim=1), torch.ones(k))
+        assert phi.shape == (k,) and (phi > 0).all()
+        assert phi.mean().item() == pytest.approx(method.temperature, rel=1e-5)
+        assert assigned.min() >= 0 and assigned.max() < k  # every training image has a cluster
+        sizes = torch.bincount(assigned, minlength=k)
+        assert log[f"k{k}_size_max"] == sizes.max() and log[f"k{k}_size_min"] == sizes.min()
+        assert log[f"k{k}_empty"] == int((sizes == 0).sum())
+    assert log["estep_seconds"] > 0
+    # The assignment of an image is its momentum feature's cluster: the nearest prototype
+    # agrees for the vast majority (k-means clusters by L2 distance to un-normalised centroids).
+    features = t.forward_train_set(lambda x: F.normalize(method.key_encoder.embed(x), dim=1))
+    nearest = (features @ method.prototype(0).T).argmax(dim=1)
+    assert (nearest == method.assignments[0]).float().mean() > 0.9
+
+
+def test_negative_prototypes_are_r_distinct_non_positives(tmp_path, method_config):
+    r = 100  # <= min(num_clusters) - batch = 136
+    t = trainer(tmp_path, method_config, warmup_epochs=0, num_clusters=[200, 300], num_negatives=r)
+    e_step(t)
+    for seed in range(3):
+        views, indices = batch(t, seed)
+        loss = t.method.training_loss(views, None, indices)
+        assert math.isfinite(loss.item())
+        for m, k in enumerate([200, 300]):
+            negatives = t.method.last_negative_ids[m]
+            positives = set(t.method.assignments[m][indices].tolist())
+            assert len(negatives) == r and len(set(negatives.tolist())) == r
+            assert not positives & set(negatives.tolist())
+            assert 0 <= negatives.min() and negatives.max() < k
+
+
+def test_infeasible_settings_are_rejected(method_config):
+    def build(**overrides):
+        cfg = config(method_config, **overrides)
+        return build_method(METHODS_DIR / "pcl", cfg, load_data(cfg), 0)
+
+    with pytest.raises(ValueError, match="num_negatives"):
+        build(num_clusters=[200, 300], num_negatives=137)  # a batch may cover 64 of the 200 clusters
+    with pytest.raises(ValueError, match="num_clusters"):
+        build(num_clusters=[10, 5000])  # more clusters than the 1347 training images
+    with pytest.raises(ValueError, match="num_clusters"):
+        build(num_clusters=[])
+
+
+def test_clustering_state_has_fixed_shapes_and_reloads(tmp_path, method_config):
+    t = trainer(tmp_path, method_config, warmup_epochs=0)
+    e_step(t)
+    fresh = trainer(tmp_path / "fresh", method_config, warmup_epochs=0).method
+    fresh.load_state_dict(t.method.state_dict())  # the shapes do not depend on an E-step having run
+    assert torch.equal(fresh.assignments, t.method.assignments)
+    assert torch.equal(fresh.prototype(2), t.method.prototype(2))
+
+
+@pytest.mark.filterwarnings("ignore:pcl. version 2 uses")  # a constant lr on purpose
+def test_training_lowers_the_loss_after_the_first_e_step(tmp_path, method_config):
+    t = trainer(tmp_path, method_config, warmup_epochs=1, train={"epochs": 5, "schedule": "constant"})
+    rows = [t.train_epoch() for _ in range(5)]
+    losses = [row["loss"] for row in rows]
+    assert all(math.isfinite(v) for v in losses)
+    assert "estep_seconds" not in rows[0] and all("estep_seconds" in row for row in rows[1:])
+    # Epoch 1 is InfoNCE alone; from epoch 2 on the ProtoNCE terms are added, and they fall.
+    assert losses[1] > losses[0]
+    assert sum(losses[3:]) / 2 < sum(losses[1:3]) / 2 - 0.05
