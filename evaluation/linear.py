@@ -6,24 +6,46 @@ zero weights, so the fit is deterministic. The weight decay is chosen from a sma
 top-1 on a held-out stratified 20% of the train split (never the test split); the probe is
 then refitted on the whole train split with the chosen value and scored on the test split.
 
-Mode "paper" (frozen backbone, augmented crops, SGD lr 30 for 100 epochs, x0.1 at 60/80,
-as in MoCo / InstDisc) is not implemented here yet.
+Mode "paper" (MoCo's main_lincls.py recipe, also PCL's; needs the checkpoint and the images):
+the backbone is frozen in eval mode, so neither its weights nor its batch-norm statistics
+change; every step embeds a fresh RandomResizedCrop + flip view of each image (ViewAugment's
+"supervised" preset: scale (0.08, 1), no colour) and trains a linear layer on the pooled
+features, initialised N(0, 0.01) with zero bias, with SGD (lr 30, momentum 0.9, weight decay 0,
+batch 256) for 100 epochs, the lr x0.1 at epochs 60 and 80. Top-1/top-5 on the test split use
+the evaluation transform. There is no held-out choice here: the recipe's values are used as given.
+Settings merged from a config that also holds the cached mode's keys (weight_decay_grid, ...)
+are accepted and ignored in paper mode (listed in `ignored_settings`).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import check_metrics, resolve_settings, topk_accuracy, unpack_features
+from .common import check_metrics, resolve_settings, seed_for, topk_accuracy, unpack_features
 
 PROTOCOL = "linear"
+NEEDS_CHECKPOINT = True       # mode "paper" reads the checkpoint; mode "cached" ignores it
 DEFAULTS: dict = {
     "mode": "cached",
     "weight_decay_grid": [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1],
     "val_fraction": 0.2,
     "max_iter": 300,          # L-BFGS iterations per fit
     "device": None,           # None: the train features' device
+}
+PAPER_DEFAULTS: dict = {       # facebookresearch/moco main_lincls.py
+    "mode": "paper",
+    "lr": 30.0,
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "epochs": 100,
+    "milestones": [60, 80],   # epochs where the lr is multiplied by 0.1
+    "batch_size": 256,
+    "augment": {"preset": "supervised"},  # RandomResizedCrop (0.08, 1) + flip: view_config() arguments
+    "eval_batch_size": 1024,
+    "device": None,           # None: CUDA if available, else CPU
 }
 CHUNK_ROWS = 65536            # rows per forward/backward chunk: bounds memory on large splits
 
@@ -98,13 +120,11 @@ def select_weight_decay(train: torch.Tensor, labels: np.ndarray, num_classes: in
     return float(used["weight_decay_grid"][best]), val_top1
 
 
-def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float], dict]:
+def evaluate(features: dict, settings: dict, seed: int,
+             checkpoint_path=None) -> tuple[dict[str, float], dict]:
+    if (settings or {}).get("mode") == "paper":
+        return evaluate_paper(settings, seed, checkpoint_path)
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
-    if used["mode"] == "paper":
-        raise NotImplementedError(
-            "linear: mode 'paper' (frozen backbone, augmented crops, SGD lr 30, 100 epochs) is not "
-            "implemented yet; use mode 'cached' (the default)"
-        )
     if used["mode"] != "cached":
         raise ValueError(f"linear: unknown mode {used['mode']!r}; known modes are 'cached' and 'paper'")
     if not used["weight_decay_grid"] or not 0 < used["val_fraction"] < 1:
@@ -126,4 +146,101 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     used.update(device=str(device), weight_decay=weight_decay, val_top1_per_weight_decay=val_top1,
                 optimiser="L-BFGS full batch, zero init, strong Wolfe line search",
                 selection="top-1 on a stratified held-out part of the train split; ties -> larger value")
+    return check_metrics({"top1": accuracy[1], "top5": accuracy[5]}, PROTOCOL), used
+
+
+# --- mode "paper": frozen backbone, augmented crops, SGD ---------------------------------------
+
+
+def new_head(dim: int, num_classes: int, generator: torch.Generator) -> torch.nn.Linear:
+    """A linear layer with weights ~ N(0, 0.01) and zero bias (MoCo's init), drawn from `generator`."""
+    head = torch.nn.Linear(dim, num_classes)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * 0.01)
+        head.bias.zero_()
+    return head
+
+
+def batches(count: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """One epoch's shuffled index batches; the last one may be smaller (no drop_last, as MoCo)."""
+    return list(torch.randperm(count, generator=generator).split(batch_size))
+
+
+def paper_lr(used: dict, epoch: int) -> float:
+    return used["lr"] * 0.1 ** sum(epoch >= m for m in used["milestones"])
+
+
+def freeze(backbone: torch.nn.Module) -> torch.nn.Module:
+    """Eval mode (batch-norm uses and keeps its running statistics) and no gradients."""
+    backbone.eval()
+    for p in backbone.parameters():
+        p.requires_grad_(False)
+    return backbone
+
+
+def fit_frozen_probe(backbone: torch.nn.Module, train, num_classes: int, augment, used: dict, seed: int,
+                     device: torch.device) -> torch.nn.Linear:
+    """Train a linear layer on the frozen backbone's features of augmented views of `train`
+    (an ImageSet). The backbone is never put in train mode and receives no gradient."""
+    freeze(backbone)
+    head = new_head(backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(seed, 0))).to(device)
+    optimiser = torch.optim.SGD(head.parameters(), lr=used["lr"], momentum=used["momentum"],
+                                weight_decay=used["weight_decay"])
+    order_gen, view_gen = torch.Generator().manual_seed(seed_for(seed, 1)), torch.Generator().manual_seed(seed_for(seed, 2))
+    labels = train.labels.to(device)
+    for epoch in range(used["epochs"]):
+        for group in optimiser.param_groups:
+            group["lr"] = paper_lr(used, epoch)
+        for idx in batches(len(train), used["batch_size"], order_gen):
+            with torch.no_grad():
+                features = backbone(augment(train.load(idx).to(device), view_gen))
+            loss = F.cross_entropy(head(features.float()), labels[idx.to(device)])
+            if not torch.isfinite(loss):
+                raise ValueError(f"linear (paper): the loss became {loss.item()} in epoch {epoch + 1}; "
+                                 f"lower the setting `lr` (now {used['lr']})")
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+    return head
+
+
+def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
+    """Paper-mode settings; the cached mode's own keys are tolerated (a preset merged over
+    config/default.yaml keeps them) and returned as ignored."""
+    cached_only = set(DEFAULTS) - set(PAPER_DEFAULTS)
+    ignored = sorted(set(settings) & cached_only)
+    used = resolve_settings({k: v for k, v in settings.items() if k not in cached_only}, PAPER_DEFAULTS,
+                            f"{PROTOCOL} (mode 'paper')")
+    if used["epochs"] < 0 or used["batch_size"] < 1 or used["lr"] <= 0:
+        raise ValueError("linear (paper): settings need epochs >= 0, batch_size >= 1 and lr > 0")
+    used["milestones"] = sorted(int(m) for m in used["milestones"])
+    return used, ignored
+
+
+def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str, float], dict]:
+    from sslbench.augment import EvalTransform, ViewAugment, view_config
+    from sslbench.engine import load_data, select_device
+    from sslbench.features import embed, load_encoder, read_checkpoint
+
+    used, ignored = resolve_paper_settings(settings)
+    if checkpoint_path is None:
+        raise ValueError("linear: mode 'paper' trains on images through the frozen backbone and needs the "
+                         "checkpoint: pass checkpoint_path (`sslbench evaluate --checkpoint ...`)")
+    device = select_device(used["device"] or "auto")
+    ckpt = read_checkpoint(checkpoint_path, "cpu")
+    data = load_data(ckpt["cfg"])
+    if data.multilabel:
+        raise ValueError(f"linear (paper): {data.name} is multilabel; this protocol needs one class per image")
+    norm = ckpt["normalisation"]
+    views = view_config(**used["augment"])
+    augment = ViewAugment(data.image_size, data.channels, norm["mean"], norm["std"], views).to(device)
+    backbone = load_encoder(ckpt).to(device)
+    head = fit_frozen_probe(backbone, data.train, data.num_classes, augment, used, seed, device)
+    transform = EvalTransform(data.image_size, data.channels, norm["mean"], norm["std"]).to(device)
+    logits = embed(torch.nn.Sequential(backbone, head), data.test, transform, device, used["eval_batch_size"])
+    accuracy = topk_accuracy(logits.numpy(), data.test.labels.numpy(), ks=(1, 5))
+    used.update(device=str(device), ignored_settings=ignored, view_config=dataclasses.asdict(views),
+                optimiser="SGD on the linear layer only; backbone frozen in eval mode (running BN statistics)",
+                head_init="weight ~ N(0, 0.01), bias 0", schedule="lr x0.1 at each milestone epoch",
+                eval_transform="EvalTransform (centre square crop, resize, normalise)")
     return check_metrics({"top1": accuracy[1], "top5": accuracy[5]}, PROTOCOL), used

@@ -27,7 +27,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from . import distributed as dist
 from .method import projection_mlp
 
-# What each MoCo version changes (MoCo v2 paper, Table 1; main_moco.py --mlp --aug-plus --cos).
+# What each MoCo version changes (facebookresearch/moco README: v2 = --mlp --moco-t 0.2 --aug-plus --cos).
 VERSIONS = {
     1: {"head_layers": 1, "temperature": 0.07, "augment": "mocov1", "schedule": "step"},
     2: {"head_layers": 2, "temperature": 0.2, "augment": "mocov2", "schedule": "cosine"},

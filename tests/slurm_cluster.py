@@ -1,8 +1,10 @@
 """A real one-node SLURM on this machine for tests: munged, slurmctld and slurmd, started and stopped here.
 
-Debian's slurm packages (installed by .ci/install-slurm.sh). Everything the cluster writes (its config,
-state, spool, logs) lies in one folder; clients find the config through $SLURM_CONF, so /etc/slurm is
-never touched. Daemons run in the foreground as our children and are stopped by their own PIDs.
+Debian's slurm packages (installed by .ci/install-slurm.sh). The cluster's state, spool and logs lie in
+one folder. Its config must be /etc/slurm/slurm.conf: the executor plugin's job step drops SLURM_* variables
+(SLURM_CONF too) before its nested `srun`, which then finds no other config. So the test writes that file,
+marked as its own, refuses to overwrite one it did not write, and removes it at the end. Daemons run in the
+foreground as our children and are stopped by their own PIDs.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 
 PARTITION = "sslbench_test"
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+MARKER = "# written by sslbench tests/slurm_cluster.py; removed when the test's cluster stops"
 DAEMONS = ("slurmctld", "slurmd", "munged")
 
 
@@ -30,6 +34,8 @@ def why_unavailable() -> str | None:
         return f"{', '.join(missing)} not installed (run .ci/install-slurm.sh as root)"
     if os.geteuid() != 0:
         return "the local SLURM runs its daemons as root; this test is not root"
+    if SYSTEM_CONF.exists() and MARKER not in SYSTEM_CONF.read_text(errors="replace"):
+        return f"{SYSTEM_CONF} exists and is not this test's: a real cluster's config is never overwritten"
     return None
 
 
@@ -54,7 +60,7 @@ class LocalSlurm:
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
-        self.conf = self.folder / "slurm.conf"
+        self.conf = SYSTEM_CONF
         self.processes: dict[str, subprocess.Popen] = {}
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.node = ""
@@ -94,6 +100,8 @@ class LocalSlurm:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+        if self.conf.exists() and MARKER in self.conf.read_text(errors="replace"):
+            self.conf.unlink()
 
     # -- queries ---------------------------------------------------------------------------------------
     def node_state(self) -> str:
@@ -154,10 +162,16 @@ class LocalSlurm:
     def _write_conf(self) -> None:
         for sub in ("state", "spool"):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
-        node = _node_line()
-        self.node = node.split()[0].split("=", 1)[1]
+        fields = dict(field.split("=", 1) for field in _node_line().split())
+        self.node = fields["NodeName"]
+        # At least 4 CPUs, as many as are real or more (config_overrides): two 2-thread jobs run side by
+        # side, as on a cluster node, even on a 2-core machine.
+        cpus = max(4, int(fields["CPUs"]))
+        node = (f"NodeName={self.node} CPUs={cpus} RealMemory={fields['RealMemory']}")
         f = self.folder
+        self.conf.parent.mkdir(parents=True, exist_ok=True)
         self.conf.write_text(f"""\
+{MARKER}
 ClusterName=sslbenchtest
 SlurmctldHost={self.node}
 SlurmctldPort={_free_port()}
@@ -182,6 +196,7 @@ SlurmctldPidFile={f}/slurmctld.pid
 SlurmdPidFile={f}/slurmd.pid
 SlurmctldLogFile={f}/slurmctld.log
 SlurmdLogFile={f}/slurmd.log
+SlurmdParameters=config_overrides
 {node} State=UNKNOWN
 PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """)

@@ -234,17 +234,18 @@ def test_version_one_has_a_linear_head_and_warns_about_a_v2_recipe(method_config
 
 # --- training ------------------------------------------------------------------------------
 
-@pytest.mark.filterwarnings("ignore:moco. version 2 uses")  # a constant lr on purpose
+@pytest.mark.filterwarnings("ignore:moco. version 2 uses")  # no augmentation, on purpose
 def test_training_lowers_the_loss(tmp_path, method_config):
-    # A random network embeds every image alike, so the loss starts near log(1 + K) and drops
-    # once instances separate (after ~5 tiny epochs); the first epoch is lower only because the
-    # queue starts with random keys. A constant lr keeps the late epochs learning.
-    cfg = method_config("moco", queue_size=2 * BATCH, train={"epochs": 8, "schedule": "constant"})
+    # Two identical views make instance discrimination easy, so the loss falls within a few tiny
+    # epochs whatever the seed; it can only fall if the gradients reach the query encoder and
+    # the key encoder follows it. (With the real augmentation a random network embeds every
+    # image alike and the loss stays near log(1 + K) for ~6 tiny epochs.)
+    cfg = method_config("moco", queue_size=2 * BATCH, augment={"preset": "none"}, train={"epochs": 3})
     trainer = Trainer(METHODS_DIR / "moco", cfg, 0, tmp_path, progress=False)
-    losses = [trainer.train_epoch()["loss"] for _ in range(8)]
+    losses = [trainer.train_epoch()["loss"] for _ in range(3)]
     assert all(math.isfinite(v) for v in losses)
-    assert max(losses[1:]) < math.log(1 + 2 * BATCH) + 0.01
-    assert sum(losses[-2:]) / 2 < sum(losses[1:3]) / 2 - 0.02
+    assert losses[0] < math.log(1 + 2 * BATCH)  # below chance from the first epoch on
+    assert losses[2] < losses[1] - 0.2 and losses[1] < losses[0] - 0.1
     assert trainer.log_rows[-1]["queue_size"] == 2 * BATCH
 
 

@@ -125,13 +125,15 @@ def test_clustering_state_has_fixed_shapes_and_reloads(tmp_path, method_config):
     assert torch.equal(fresh.prototype(2), t.method.prototype(2))
 
 
-@pytest.mark.filterwarnings("ignore:pcl. version 2 uses")  # a constant lr on purpose
+@pytest.mark.filterwarnings("ignore:pcl. version 2 uses")  # no augmentation, on purpose
 def test_training_lowers_the_loss_after_the_first_e_step(tmp_path, method_config):
-    t = trainer(tmp_path, method_config, warmup_epochs=1, train={"epochs": 5, "schedule": "constant"})
-    rows = [t.train_epoch() for _ in range(5)]
+    # Identical views make the task easy, so the loss falls within tiny epochs whatever the seed
+    # (see tests/test_moco.py).
+    t = trainer(tmp_path, method_config, warmup_epochs=1, augment={"preset": "none"}, train={"epochs": 4})
+    rows = [t.train_epoch() for _ in range(4)]
     losses = [row["loss"] for row in rows]
     assert all(math.isfinite(v) for v in losses)
     assert "estep_seconds" not in rows[0] and all("estep_seconds" in row for row in rows[1:])
     # Epoch 1 is InfoNCE alone; from epoch 2 on the ProtoNCE terms are added, and they fall.
-    assert losses[1] > losses[0]
-    assert sum(losses[3:]) / 2 < sum(losses[1:3]) / 2 - 0.05
+    assert losses[1] > losses[0] + 1.0
+    assert losses[3] < losses[2] - 0.2 and losses[2] < losses[1] - 0.5

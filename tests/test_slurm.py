@@ -141,7 +141,7 @@ def local_test_profile(root: Path) -> Path:
     profile.update({
         "slurm-no-account": True,
         "slurm-status-command": "squeue",               # no accounting database: sacct knows no job
-        "slurm-init-seconds-before-status-checks": 1,   # the plugin's first poll (default 40 s)
+        "slurm-init-seconds-before-status-checks": 6,   # first poll (default 40 s); +10 s per empty poll
         "latency-wait": 5,
         "retries": 0,
         "keep-going": False,
