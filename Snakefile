@@ -5,9 +5,10 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
-from sslbench.config import method_problems, resolve_method_config, selected_methods
+from sslbench.config import (method_problems, preflight, resolve_method_config, selected_methods,
+                             validate_config)
 
 min_version("9.0")
 
@@ -15,7 +16,9 @@ BASE = Path(workflow.basedir)  # anchors methods/ and config/ so --directory and
 METHODS_DIR = BASE / "methods"
 
 configfile: BASE / "config" / "default.yaml"
-validate(config, BASE / "config" / "schema.yaml")
+# Our own schema check: errors name the key and the config file that set it.
+validate_config(config, BASE / "config" / "schema.yaml",
+                [BASE / "config" / "default.yaml", *workflow.overwrite_configfiles])
 
 DATASET = config["dataset"]["name"]
 METHODS = selected_methods(config, METHODS_DIR)
@@ -30,6 +33,7 @@ if FAILED:
 
 
 onstart:
+    preflight(config)  # unknown backbone, missing or truncated dataset files: before any job runs
     if FAILED and not workflow.execution_settings.keep_going:
         raise WorkflowError(f"broken method folder(s):\n{FAILED_MESSAGE}\nFix them, or run with "
                             "--keep-going to run the other methods (results/failures.csv will name these).")

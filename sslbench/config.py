@@ -40,6 +40,69 @@ def list_method_folders(methods_dir: str | Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 
 
+def validate_config(config: dict, schema_path: str | Path, config_files: list[str | Path]) -> None:
+    """Check the merged config against config/schema.yaml; one error per problem, naming the key,
+    the file(s) that set it, what was expected, and the known values where there is a list."""
+    import jsonschema
+
+    schema = load_yaml(schema_path)
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = []
+    for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        path = list(err.absolute_path)
+        if err.validator == "additionalProperties":
+            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+            for key in extra:
+                key_path = path + [key]
+                known = sorted(err.schema.get("properties", {}))
+                problems.append(f"unknown key `{_dotted(key_path)}`{_where(key_path, config_files)}; "
+                                f"known keys here: {known}. Fix the spelling or remove it.")
+            continue
+        problems.append(f"config key `{_dotted(path)}`{_where(path, config_files)}: {err.message}")
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _dotted(path: list) -> str:
+    return ".".join(map(str, path)) or "<top level>"
+
+
+def _where(path: list, config_files: list[str | Path]) -> str:
+    """' (set in a.yaml)': the last config file that sets this key, since later files win."""
+    found = None
+    for file in config_files:
+        node = load_yaml(file)
+        for part in path:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                break
+        else:
+            found = file
+    return f" (set in {found})" if found else ""
+
+
+def preflight(config: dict) -> None:
+    """Checks that need torch/timm or the data: run once before the first job, not at every plan."""
+    import timm
+
+    from .data import DatasetError, load_dataset
+
+    name = config["backbone"]["name"]
+    if name not in timm.list_models():
+        raise ConfigError(f"config key `backbone.name`: {name!r} is not a timm model; similar names: "
+                          f"{timm.list_models(f'*{name}*')[:10] or 'none'} (see timm.list_models())")
+    data = config["dataset"]
+    if data["name"] != "imagefolder":  # an ImageNet-size folder is checked by its first job instead
+        try:
+            load_dataset(data["name"], root=data.get("root"), download=data.get("download", False),
+                         image_size=data.get("image_size"))
+        except DatasetError as err:
+            raise ConfigError(f"config key `dataset`: {err}") from err
+
+
 def method_problems(methods_dir: str | Path, names: list[str] | None = None) -> dict[str, str]:
     """{method: what is wrong} for method folders that cannot run, checked before any training.
 

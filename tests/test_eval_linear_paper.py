@@ -16,6 +16,10 @@ from sslbench.features import embed, extract, load_encoder, read_checkpoint
 from sslbench.results import read_result, run_protocol
 
 FAST = {"mode": "paper", "epochs": 3, "milestones": [2], "batch_size": 128}
+# Enough to learn on the untrained floor's raw (unstandardised) features of 8x8 digits in ~1 s:
+# a lower lr than MoCo's 30 and milder crops than (0.08, 1), which leave little of an 8x8 digit.
+LEARNS = {"mode": "paper", "lr": 3.0, "epochs": 10, "milestones": [8], "batch_size": 64,
+          "augment": {"preset": "supervised", "crop_scale": [0.5, 1.0]}}
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +107,7 @@ def test_learning_rate_drops_tenfold_at_each_milestone():
 
 def test_run_protocol_paper_mode_writes_a_result_above_chance(checkpoint, tmp_path):
     features = extract(checkpoint, tmp_path / "features.npz", device="cpu")
-    settings = {**FAST, "weight_decay_grid": [1e-4], "val_fraction": 0.2}  # merged cached keys: ignored
+    settings = {**LEARNS, "weight_decay_grid": [1e-4], "val_fraction": 0.2}  # merged cached keys: ignored
     out = run_protocol("linear", features, settings, 0, tmp_path / "linear.json", checkpoint_path=checkpoint)
     result = read_result(out)
     metrics, used = result["metrics"], result["settings"]
@@ -112,10 +116,15 @@ def test_run_protocol_paper_mode_writes_a_result_above_chance(checkpoint, tmp_pa
     assert metrics["top1"] > 0.1 + 4.5 * math.sqrt(0.09 / 450)
     assert metrics["top1"] <= metrics["top5"] <= 1.0
     assert used["ignored_settings"] == ["val_fraction", "weight_decay_grid"]
-    assert used["epochs"] == 3 and used["lr"] == 30.0 and used["view_config"]["crop_scale"] == [0.08, 1.0]
-    # Same seed: the same numbers.
-    again, _ = linear.evaluate(None, settings, 0, checkpoint_path=checkpoint)
-    assert again == metrics
+    assert (used["epochs"], used["lr"], used["momentum"], used["milestones"]) == (10, 3.0, 0.9, [8])
+    assert used["view_config"]["crop_scale"] == [0.5, 1.0] and used["view_config"]["jitter_p"] == 0.0
+
+
+def test_same_seed_same_numbers(checkpoint):
+    settings = {**FAST, "epochs": 1}
+    first = linear.evaluate(None, settings, 4, checkpoint_path=checkpoint)
+    assert linear.evaluate(None, settings, 4, checkpoint_path=checkpoint) == first
+    assert first[1]["lr"] == 30.0 and list(first[1]["view_config"]["crop_scale"]) == [0.08, 1.0]  # MoCo's values
 
 
 def test_cached_mode_ignores_the_checkpoint(checkpoint, tmp_path):
@@ -135,4 +144,4 @@ def test_paper_mode_errors(checkpoint):
     with pytest.raises(ValueError, match="lr > 0"):
         linear.evaluate(None, {"mode": "paper", "lr": 0}, 0, checkpoint_path=checkpoint)
     with pytest.raises(ValueError, match="lower the setting `lr`"):
-        linear.evaluate(None, {**FAST, "lr": 1e30}, 0, checkpoint_path=checkpoint)
+        linear.evaluate(None, {**FAST, "epochs": 1, "lr": 1e38}, 0, checkpoint_path=checkpoint)

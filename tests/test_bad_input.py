@@ -1,0 +1,75 @@
+"""Bad input gets one clear message naming the file, the key and the fix, before any training."""
+import copy
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from sslbench.config import ConfigError, load_yaml, preflight, validate_config
+from conftest import REPO, tiny_suite_config
+
+SCHEMA = REPO / "config" / "schema.yaml"
+DEFAULT = REPO / "config" / "default.yaml"
+
+
+def check(tmp_path, preset: dict) -> str:
+    path = tmp_path / "preset.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    config = copy.deepcopy(load_yaml(DEFAULT))
+    from sslbench.config import deep_merge
+
+    with pytest.raises(ConfigError) as err:
+        validate_config(deep_merge(config, preset), SCHEMA, [DEFAULT, path])
+    message = str(err.value)
+    assert str(path) in message, message  # names the file that set the key
+    return message
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ({"train": {"epochs": 0}}, "`train.epochs`"),
+    ({"train": {"batch_size": -4}}, "`train.batch_size`"),
+    ({"train": {"batch_size": "big"}}, "not of type 'integer'"),
+    ({"train": {"epocs": 3}}, "unknown key `train.epocs`"),
+    ({"dataset": {"name": "mnist"}}, "'mnist' is not one of ['digits', 'fashion_mnist'"),
+    ({"protocols": ["knn", "svm"]}, "'svm' is not one of ['knn'"),
+    ({"sedes": [0]}, "unknown key `sedes`"),
+])
+def test_config_errors_name_file_key_and_expectation(tmp_path, preset, expected):
+    assert expected in check(tmp_path, preset)
+
+
+def test_default_and_every_preset_validate():
+    for path in sorted((REPO / "config").glob("*.yaml")):
+        if path.name == "schema.yaml":
+            continue
+        from sslbench.config import deep_merge
+
+        validate_config(deep_merge(load_yaml(DEFAULT), load_yaml(path)), SCHEMA, [DEFAULT, path])
+
+
+def test_unknown_backbone_is_caught_before_training():
+    cfg = tiny_suite_config()
+    cfg["backbone"]["name"] = "resnet_18"
+    with pytest.raises(ConfigError, match=r"`backbone.name`: 'resnet_18' is not a timm model"):
+        preflight(cfg)
+
+
+def test_missing_dataset_files_name_the_path_and_how_to_get_them(tmp_path):
+    cfg = tiny_suite_config()
+    cfg["dataset"].update(name="cifar10", root=str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg)
+    assert "nowhere" in str(err.value) and "download" in str(err.value)
+
+
+def test_snakemake_stops_at_a_bad_config_before_any_job(tmp_path):
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"train": {"epochs": 0}}))
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
+                          "--configfile", "bad.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert re.search(r"`train\.epochs` \(set in \S*bad\.yaml\): 0 is less than the minimum of 1",
+                     out.stdout + out.stderr), out.stderr
+    assert not (tmp_path / "results").exists()
