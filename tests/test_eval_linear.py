@@ -105,7 +105,7 @@ def test_deterministic_for_a_seed_and_the_seed_moves_the_holdout():
 def test_modes_and_settings_errors():
     train, ytr, test, yte, c = blobs(5, n_train=40, n_test=10)
     features = feature_dict(train, ytr, test, yte, c)
-    with pytest.raises(NotImplementedError, match="paper"):
+    with pytest.raises(ValueError, match="needs the checkpoint"):
         linear.evaluate(features, {"mode": "paper"}, seed=0)
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
         linear.evaluate(features, {"mode": "fast"}, seed=0)

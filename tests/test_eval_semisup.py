@@ -106,7 +106,7 @@ def test_finetuning_beats_the_untrained_head(checkpoint, result, tmp_path):
     trained, _ = result
     assert untrained["top1_10pct"] < CHANCE_MARGIN  # a N(0, 0.01) head on frozen features: ~ chance
     for name in semisup.FRACTIONS:
-        assert trained[f"top1_{name}"] > max(CHANCE_MARGIN, untrained[f"top1_{name}"] + 0.1), name
+        assert trained[f"top1_{name}"] > max(CHANCE_MARGIN, untrained[f"top1_{name}"] + 0.05), name
 
 
 def test_given_index_lists_replace_the_draw(checkpoint, tmp_path):
