@@ -20,7 +20,7 @@ configfile: BASE / "config" / "default.yaml"
 validate_config(config, BASE / "config" / "schema.yaml",
                 [BASE / "config" / "default.yaml", *workflow.overwrite_configfiles])
 
-DATASET = config["dataset"]["name"]
+DATASET = config["dataset"].get("label") or config["dataset"]["name"]
 METHODS = selected_methods(config, METHODS_DIR)
 # Broken method folders are caught here, before any training, and left out of the DAG. Unless
 # --keep-going is given, the run then stops before its first job (onstart); with it, the other

@@ -98,7 +98,7 @@ def preflight(config: dict) -> None:
     if data["name"] != "imagefolder":  # an ImageNet-size folder is checked by its first job instead
         try:
             load_dataset(data["name"], root=data.get("root"), download=data.get("download", False),
-                         image_size=data.get("image_size"))
+                         image_size=data.get("image_size"), **data.get("options", {}))
         except DatasetError as err:
             raise ConfigError(f"config key `dataset`: {err}") from err
 

@@ -19,6 +19,7 @@ from . import distributed as dist
 from . import io
 from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
 from .backbones import create_backbone
+from .batches import batch_source
 from .data import Dataset, load_dataset
 from .method import DataInfo, EpochContext, Method
 from .plugins import load_method_class
@@ -74,10 +75,15 @@ def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) ->
     return cls(backbone, info, cfg)
 
 
+def dataset_label(cfg: dict) -> str:
+    """The name results and tables use: ``dataset.label`` (e.g. imagenet100) or the loader's name."""
+    return cfg["dataset"].get("label") or cfg["dataset"]["name"]
+
+
 def load_data(cfg: dict) -> Dataset:
     d = cfg["dataset"]
     return load_dataset(d["name"], root=d.get("root"), download=d.get("download", False),
-                        image_size=d.get("image_size"))
+                        image_size=d.get("image_size"), **d.get("options", {}))
 
 
 def normalisation(data: Dataset) -> tuple[list[float], list[float]]:
@@ -139,7 +145,7 @@ class Trainer:
         self.on_cuda = self.device.type == "cuda"
         if self.on_cuda and self.train_cfg.get("channels_last", True):
             self.method.to(memory_format=torch.channels_last)
-        self.images = self.data.train.images.to(self.device)
+        self.images = batch_source(self.data.train, self.device, self.train_cfg.get("workers", 4))
         self.labels = self.data.train.labels.to(self.device)
         self.batch_size = int(self.train_cfg["batch_size"])
         if self.batch_size > len(self.labels):
@@ -178,10 +184,10 @@ class Trainer:
         """
         was_training = self.method.training
         self.method.eval()
-        mine = self.images[dist.shard(len(self.images))]
+        mine = torch.arange(len(self.images))[dist.shard(len(self.images))]
         outputs = []
-        for start in range(0, len(mine), 1024):
-            x = self.eval_transform(mine[start:start + 1024])
+        for images in self.images.iterate(list(mine.split(1024))):
+            x = self.eval_transform(images)
             with self._autocast():
                 outputs.append(fn(x).float())
         self.method.train(was_training)
@@ -254,18 +260,21 @@ class Trainer:
         t0 = time.perf_counter()
         self.method.on_epoch_start(ctx)
         hook_seconds = time.perf_counter() - t0
-        order = torch.randperm(len(self.labels), generator=order_gen).to(self.device)
+        order = torch.randperm(len(self.labels), generator=order_gen)
         mine = slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
+        index_batches = [order[b * self.batch_size:(b + 1) * self.batch_size][mine]
+                         for b in range(self.steps_per_epoch)]
+        image_batches = self.images.iterate(index_batches)
         total, seen = 0.0, 0
         t_steps = time.perf_counter()
         bar = tqdm(range(self.steps_per_epoch), desc=f"{self.cfg['method']} epoch {epoch + 1}",
                    disable=not self.progress, leave=False)
-        for batch in bar:
-            idx = order[batch * self.batch_size:(batch + 1) * self.batch_size][mine]
+        for batch, images in zip(bar, image_batches):
+            idx = index_batches[batch].to(self.device)
             lr = learning_rate(self.train_cfg, self.state.step, self.steps_per_epoch)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            views = self._views(self.images[idx], view_gen)
+            views = self._views(images, view_gen)
             labels = self.labels[idx] if self.method.needs_labels else None
             with self._autocast():
                 loss = self.loss_fn(views, labels, idx)
@@ -319,7 +328,7 @@ class Trainer:
     def _save_final(self, wall_time: float) -> Path:
         peak = torch.cuda.max_memory_allocated(self.device) if self.on_cuda else None
         meta = {
-            "method": self.cfg["method"], "dataset": self.cfg["dataset"]["name"], "seed": self.seed,
+            "method": self.cfg["method"], "dataset": dataset_label(self.cfg), "seed": self.seed,
             "epochs_trained": self.state.epoch, "steps": self.state.step, "batch_size": self.batch_size,
             "world_size": self.world, "batch_per_process": self.local_batch,
             "lr_scaling": "none: train.lr is used as given for the global batch train.batch_size",

@@ -1,0 +1,132 @@
+"""sslbench.bench at tiny sizes: the rows and columns, finite ratios, faiss against scikit-learn.
+
+No timed assertions: only the structure of the CSV and what must hold whatever the machine's load
+(equal kNN predictions, close k-means inertias, peak memory above an empty interpreter's).
+"""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import tiny_suite_config
+from sslbench.bench import (COLUMNS, SECTIONS, Repeats, Sizes, check_sections, exp_vote_weights, inertia,
+                            run_bench, sela_settings)
+from sslbench.config import ConfigError
+
+TINY = Sizes(knn_train=1500, knn_test=300, dim=32, classes=10, kmeans_points=1500, kmeans_k=15, kmeans_iters=10,
+             sinkhorn_points=600, sinkhorn_clusters=30)
+FAST = Repeats(warmup=1, steps=2, solvers=1, hook_budget_s=5.0)
+
+
+def tiny_config(**overrides):
+    cfg = tiny_suite_config()
+    cfg["method_overrides"] = {"pcl": {"warmup_epochs": 0}}  # an E-step in the 2 epochs the hooks walk
+    cfg.update(overrides)
+    return cfg
+
+
+def bench(tmp_path, sections, **kw):
+    out = tmp_path / "bench.csv"
+    frame = run_bench(out, sections=sections, quick=True, config=kw.pop("config", None) or tiny_config(),
+                      sizes=TINY, repeats=FAST, threads=1, verbose=False, **kw)
+    return out, frame
+
+
+def rows_of(frame, section):
+    return frame[frame["section"] == section].set_index("name")
+
+
+def assert_ratios_positive_and_finite(frame):
+    ratios = frame["ratio"].dropna()
+    assert len(ratios) and all(math.isfinite(r) and r > 0 for r in ratios), frame[["name", "ratio"]]
+
+
+def test_step_and_views_rows_for_each_method(tmp_path):
+    out, frame = bench(tmp_path, ["views", "step"], methods=["pcl", "supervised", "random"])
+    written = pd.read_csv(out)
+    assert list(written.columns) == COLUMNS and len(written) == len(frame)
+    assert list(frame["section"].unique()) == ["step", "views"]  # the fixed order, whatever was asked
+    step = rows_of(frame, "step")
+    assert {"pcl", "pcl (with views)", "pcl on_epoch_start", "supervised", "supervised (with views)"} <= set(step.index)
+    assert "supervised on_epoch_start" not in step.index  # no hook to time
+    assert math.isnan(step.loc["random", "value"])  # never trained: nothing timed, no ratio
+    assert "never trained" in step.loc["random", "notes"]
+    for name in ("pcl", "supervised"):
+        assert step.loc[name, "value"] > 0 and step.loc[name, "reference"] > 0
+        assert step.loc[name, "ratio_is"] == "method step / bare step" and step.loc[name, "target"] == "<= 1.1"
+        assert step.loc[name, "meets_target"] == (step.loc[name, "ratio"] <= 1.1)
+    # PCL's hook walked epochs 0 and 1 with warmup_epochs 0: two E-steps, each slower than nothing.
+    assert step.loc["pcl on_epoch_start", "value"] > 0 and "2 calls" in step.loc["pcl on_epoch_start", "notes"]
+    views = rows_of(frame, "views")
+    assert set(views.index) == {"pcl", "supervised"}  # the untrained floor draws no views
+    assert (views["unit"] == "images/s").all()
+    assert_ratios_positive_and_finite(frame)
+    assert (frame["torch_threads"] == 1).all() and frame["git_commit"].str.len().gt(0).all()
+
+
+def test_knn_faiss_and_sklearn_predict_the_same(tmp_path):
+    _, frame = bench(tmp_path, ["knn"])
+    knn = rows_of(frame, "knn")
+    # One speed-up and one agreement row per variant of the config's knn protocol.
+    for variant in tiny_config()["evaluation"]["knn"]["variants"]:
+        name = f"k{variant['k']} T{variant['temperature']:g}"
+        assert knn.loc[f"{name} agreement", "value"] == 1.0  # every prediction equal
+        assert knn.loc[f"{name} agreement", "meets_target"]
+        assert knn.loc[f"{name} speed-up", "value"] > 0 and knn.loc[f"{name} speed-up", "reference"] > 0
+    assert "similarity GEMM floor" in knn.index
+    assert_ratios_positive_and_finite(frame)
+
+
+def test_exp_vote_weights_invert_cosine_distance():
+    distances = np.array([[0.0, 0.5, 1.0, 2.0]])
+    assert np.allclose(exp_vote_weights(distances, 0.1), np.exp(np.array([[1.0, 0.5, 0.0, -1.0]]) / 0.1))
+
+
+def test_kmeans_inertias_agree_and_inertia_is_exact(tmp_path):
+    _, frame = bench(tmp_path, ["kmeans"])
+    gap = rows_of(frame, "kmeans").loc[f"k{TINY.kmeans_k} inertia gap"]
+    assert 0 < gap["value"] and 0 < gap["reference"]
+    assert gap["ratio"] == pytest.approx(abs(gap["value"] - gap["reference"]) / gap["reference"])
+    assert gap["ratio"] < 0.03  # faiss and sklearn's Lloyd land within a few % on random data
+    assert_ratios_positive_and_finite(frame)
+    # inertia(): the nearest centroid's squared distance, summed (hand-computed case).
+    points = np.array([[0, 0], [1, 0], [10, 10]], dtype=np.float32)
+    centroids = np.array([[0.5, 0], [10, 11]], dtype=np.float32)
+    assert inertia(points, centroids) == pytest.approx(0.25 + 0.25 + 1.0)
+
+
+def test_sinkhorn_uses_selas_settings_and_converges(tmp_path):
+    _, frame = bench(tmp_path, ["sinkhorn"])
+    rows = rows_of(frame, "sinkhorn")
+    name = f"{TINY.sinkhorn_points}x{TINY.sinkhorn_clusters}"
+    settings = sela_settings(tiny_config())
+    assert 1 <= rows.loc[f"{name} iterations", "value"] < settings["max_iters"]
+    assert rows.loc[f"{name} seconds", "value"] > 0
+    assert f"tol {settings['tol']:g}" in rows.loc[f"{name} seconds", "notes"]
+    assert_ratios_positive_and_finite(frame)
+
+
+@pytest.mark.slow
+def test_memory_rows_measure_real_jobs(tmp_path):
+    _, frame = bench(tmp_path, ["memory"], config=tiny_config(protocols=["knn"]), methods=["supervised"])
+    memory = rows_of(frame, "memory")
+    assert list(memory.index) == ["pretrain supervised", "extract supervised", "evaluate supervised knn"]
+    baseline = float(memory["notes"].iloc[0].split("peaks at ")[1].split(" MiB")[0])
+    assert baseline > 10  # an interpreter that imported torch
+    # Each job imports what the baseline imports, and more: its peak is at least the baseline's.
+    assert (memory["value"] >= 0.9 * baseline).all()
+    assert (memory["reference"] == 4000).all()  # resources.<rule>.mem_mb of the config
+    assert_ratios_positive_and_finite(frame)
+
+
+def test_bad_input_names_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="unknown benchmark section.*'gpu'.*choose from"):
+        check_sections(["step", "gpu"])
+    assert check_sections("knn") == ["knn"] and check_sections(reversed(SECTIONS)) == list(SECTIONS)
+    with pytest.raises(ConfigError, match="nosuchmethod.*known"):
+        run_bench(tmp_path / "b.csv", sections=["step"], config=tiny_config(), methods=["nosuchmethod"],
+                  verbose=False)
+    with pytest.raises(FileNotFoundError, match="no_such.yaml"):
+        run_bench(tmp_path / "b.csv", sections=["knn"], config=tmp_path / "no_such.yaml", verbose=False)
+    assert not (tmp_path / "b.csv").exists()
