@@ -330,18 +330,21 @@ def build_trainer(name: str, bench: Bench):
                    progress=False)
 
 
-def batch_indices(trainer, round_index: int, seed: int) -> torch.Tensor:
-    """A random batch of the train split, the same for both sides of a round."""
+def batch(trainer, round_index: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images, indices on the device) of a random batch, the same for both sides of a round.
+    Fetched as the engine fetches them (its batch source), outside the timings."""
     generator = torch.Generator().manual_seed(seed * 7_919 + round_index + 1_000)
-    return torch.randperm(len(trainer.labels), generator=generator)[:trainer.batch_size].to(trainer.device)
+    idx = torch.randperm(len(trainer.labels), generator=generator)[:trainer.batch_size]
+    images = next(iter(trainer.images.iterate([idx])))
+    return images, idx.to(trainer.device)
 
 
-def make_views(trainer, idx: torch.Tensor, round_index: int, seed: int) -> tuple[float, list[torch.Tensor]]:
+def make_views(trainer, images: torch.Tensor, round_index: int, seed: int) -> tuple[float, list[torch.Tensor]]:
     """(seconds, views): Trainer._views with a generator seeded per round (identical for A and B)."""
     generator = torch.Generator().manual_seed(seed * 104_729 + round_index + 2_000)
 
     def draw():
-        views = trainer._views(trainer.images[idx], generator)
+        views = trainer._views(images, generator)
         sync(trainer.device)
         return views
 
@@ -401,13 +404,13 @@ def bench_step(bench: Bench) -> list[dict]:
         bare = BareLoop(trainer)
 
         def run_method(i):
-            idx = batch_indices(trainer, i, bench.seed)
-            view_s, views = make_views(trainer, idx, i, bench.seed)
+            images, idx = batch(trainer, i, bench.seed)
+            view_s, views = make_views(trainer, images, i, bench.seed)
             return view_s, timed(lambda: method_step(trainer, ctx, views, idx))[0]
 
         def run_bare(i):
-            idx = batch_indices(trainer, i, bench.seed)
-            view_s, views = make_views(trainer, idx, i, bench.seed)
+            images, idx = batch(trainer, i, bench.seed)
+            view_s, views = make_views(trainer, images, i, bench.seed)
             return view_s, timed(lambda: (bare.step(views), sync(trainer.device)))[0]
 
         pairs = interleaved(run_method, run_bare, bench.repeats.warmup, bench.repeats.steps)
@@ -451,8 +454,8 @@ def bench_views(bench: Bench) -> list[dict]:
         latest: dict = {}
 
         def run_views(i):
-            idx = batch_indices(trainer, i, bench.seed)
-            seconds, latest["views"] = make_views(trainer, idx, i, bench.seed)
+            images, _ = batch(trainer, i, bench.seed)
+            seconds, latest["views"] = make_views(trainer, images, i, bench.seed)
             return seconds
 
         def run_model(i):
