@@ -73,3 +73,25 @@ def test_snakemake_stops_at_a_bad_config_before_any_job(tmp_path):
     assert re.search(r"`train\.epochs` \(set in \S*bad\.yaml\): 0 is less than the minimum of 1",
                      out.stdout + out.stderr), out.stderr
     assert not (tmp_path / "results").exists()
+
+
+PRESETS = sorted(p for p in (REPO / "config").glob("*.yaml") if p.name not in ("schema.yaml", "default.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_resolves_for_every_method(preset):
+    from sslbench.config import deep_merge, resolve_method_config, selected_methods
+
+    config = deep_merge(load_yaml(DEFAULT), load_yaml(preset))
+    for method in selected_methods(config, REPO / "methods"):
+        resolved = resolve_method_config(config, REPO / "methods", method)
+        assert resolved["train"]["epochs"] >= 1
+
+
+@pytest.mark.parametrize("preset", ["cifar10", "imagenet"])
+def test_snakemake_plans_a_preset(tmp_path, preset):
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-n", "--cores", "1",
+                          "--configfile", str(REPO / "config" / f"{preset}.yaml")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"^pretrain\s+\d+", out.stdout + out.stderr, re.M)

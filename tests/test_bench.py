@@ -4,6 +4,7 @@ No timed assertions: only the structure of the CSV and what must hold whatever t
 (equal kNN predictions, close k-means inertias, peak memory above an empty interpreter's).
 """
 import math
+import sys
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ import pytest
 
 from conftest import tiny_suite_config
 from sslbench.bench import (COLUMNS, SECTIONS, Repeats, Sizes, check_sections, exp_vote_weights, inertia,
-                            run_bench, sela_settings)
+                            run_bench, run_measured, sela_settings)
 from sslbench.config import ConfigError
 
 TINY = Sizes(knn_train=1500, knn_test=300, dim=32, classes=10, kmeans_points=1500, kmeans_k=15, kmeans_iters=10,
@@ -107,15 +108,26 @@ def test_sinkhorn_uses_selas_settings_and_converges(tmp_path):
     assert_ratios_positive_and_finite(frame)
 
 
+def test_run_measured_reports_the_commands_own_peak_rss(tmp_path):
+    # This process holds torch (hundreds of MiB); ru_maxrss survives fork + exec, so a child forked
+    # from it directly would report at least that. The wrapper must measure the command alone.
+    _, empty = run_measured([sys.executable, "-c", "pass"], tmp_path / "empty.log")
+    _, big = run_measured([sys.executable, "-c", "block = b'x' * (300 << 20)"], tmp_path / "big.log")
+    assert empty < 100
+    assert 300 <= big < empty + 330
+    with pytest.raises(RuntimeError, match=r"(?s)exit 3.*boom"):
+        run_measured([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "fail.log")
+
+
 @pytest.mark.slow
 def test_memory_rows_measure_real_jobs(tmp_path):
     _, frame = bench(tmp_path, ["memory"], config=tiny_config(protocols=["knn"]), methods=["supervised"])
     memory = rows_of(frame, "memory")
     assert list(memory.index) == ["pretrain supervised", "extract supervised", "evaluate supervised knn"]
     baseline = float(memory["notes"].iloc[0].split("peaks at ")[1].split(" MiB")[0])
-    assert baseline > 10  # an interpreter that imported torch
+    assert baseline > 100  # an interpreter that imported torch
     # Each job imports what the baseline imports, and more: its peak is at least the baseline's.
-    assert (memory["value"] >= 0.9 * baseline).all()
+    assert (memory["value"] >= 0.95 * baseline).all()
     assert (memory["reference"] == 4000).all()  # resources.<rule>.mem_mb of the config
     assert_ratios_positive_and_finite(frame)
 
