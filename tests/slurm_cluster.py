@@ -4,27 +4,35 @@ Debian's slurm packages (installed by .ci/install-slurm.sh). The cluster's state
 one folder. Its config must be /etc/slurm/slurm.conf: the executor plugin's job step drops SLURM_* variables
 (SLURM_CONF too) before its nested `srun`, which then finds no other config. So the test writes that file,
 marked as its own, refuses to overwrite one it did not write, and removes it at the end. Daemons run in the
-foreground as our children and are stopped by their own PIDs.
+foreground as our children and are stopped by their own PIDs. A lock file serialises test sessions that
+share the machine: the second one waits, then skips (SlurmBusy).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 PARTITION = "sslbench_test"
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+LOCK = Path(tempfile.gettempdir()) / "sslbench-local-slurm.lock"
 MARKER = "# written by sslbench tests/slurm_cluster.py; removed when the test's cluster stops"
 DAEMONS = ("slurmctld", "slurmd", "munged")
 
 
 class SlurmUnavailable(RuntimeError):
-    """This machine cannot run the local cluster (the message says why); tests skip on it."""
+    """The local cluster did not come up (the message says why, with the daemons' log tails)."""
+
+
+class SlurmBusy(SlurmUnavailable):
+    """Another test session on this machine holds the local cluster."""
 
 
 def why_unavailable() -> str | None:
@@ -62,6 +70,7 @@ class LocalSlurm:
         self.folder = Path(folder)
         self.conf = SYSTEM_CONF
         self.processes: dict[str, subprocess.Popen] = {}
+        self.lock = None
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.node = ""
 
@@ -77,10 +86,11 @@ class LocalSlurm:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 60, wait_for_lock: float = 180) -> None:
         reason = why_unavailable()
         if reason:
             raise SlurmUnavailable(reason)
+        self._lock(wait_for_lock)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._ensure_munge()
         self._write_conf()
@@ -100,8 +110,11 @@ class LocalSlurm:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        if self.conf.exists() and MARKER in self.conf.read_text(errors="replace"):
-            self.conf.unlink()
+        if self.lock is not None:  # the config is ours only while we hold the lock
+            if self.conf.exists() and MARKER in self.conf.read_text(errors="replace"):
+                self.conf.unlink()
+            self.lock.close()  # releases the flock
+            self.lock = None
 
     # -- queries ---------------------------------------------------------------------------------------
     def node_state(self) -> str:
@@ -122,6 +135,20 @@ class LocalSlurm:
         return "\n".join(parts)
 
     # -- internals -------------------------------------------------------------------------------------
+    def _lock(self, wait: float) -> None:
+        handle = open(LOCK, "a")
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.lock = handle
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    handle.close()
+                    raise SlurmBusy(f"another test session holds {LOCK} (its local SLURM) after {wait:.0f} s")
+                time.sleep(1)
+
     def _run(self, *command: str) -> subprocess.CompletedProcess:
         return subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=30)
 

@@ -39,3 +39,22 @@ def test_torchrun_training_writes_one_checkpoint(tmp_path):
     ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
     assert ckpt["meta"]["world_size"] == 2 and ckpt["meta"]["batch_per_process"] == 32
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch_0001.pt"]
+
+
+METHODS = ["simclr", "moco", "pcl", "supcon", "sela", "supervised", "random"]
+
+
+def test_every_method_trains_under_torchrun_with_identical_state_on_both_ranks(tmp_path):
+    import json
+
+    run = torchrun(str(DDP_DIR / "train_every_method.py"), str(tmp_path), *METHODS, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    reports = [json.loads(line) for rank in (0, 1)
+               for line in (tmp_path / f"report_rank{rank}.jsonl").read_text().splitlines()]
+    assert sorted((r["method"], r["rank"]) for r in reports) == sorted((m, r) for m in METHODS for r in (0, 1))
+    for report in reports:
+        assert report["mismatched"] == [], report
+    for method in METHODS:
+        assert (tmp_path / method / "checkpoint.pt").exists(), method
+        epochs = 0 if method == "random" else 1  # the untrained floor never trains
+        assert len(list((tmp_path / method / "checkpoints").glob("epoch_*.pt"))) == epochs, method

@@ -30,7 +30,7 @@ def e_step(t: Trainer) -> dict:
 def batch(t: Trainer, seed=0):
     g = torch.Generator().manual_seed(seed)
     indices = torch.randperm(len(t.labels), generator=g)[:BATCH]
-    return [t.augment(t.images[indices], g) for _ in range(2)], indices
+    return [t.augment(t.data.train.images[indices], g) for _ in range(2)], indices
 
 
 def capture_outputs(module):

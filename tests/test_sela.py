@@ -159,7 +159,7 @@ def test_trains_on_tiny_config(tmp_path, method_config):
     trainer.method.on_epoch_start(trainer._context())
     # A fixed batch and fixed views: SGD steps must lower the loss towards the current labels.
     idx = torch.arange(64)
-    views = [trainer.augment(trainer.images[idx], torch.Generator().manual_seed(0))]
+    views = [trainer.augment(trainer.data.train.images[idx], torch.Generator().manual_seed(0))]
     losses = []
     for _ in range(16):
         loss = trainer.method.training_loss(views, None, idx)

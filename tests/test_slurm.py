@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import REPO, tiny_suite_config
-from slurm_cluster import PARTITION, LocalSlurm, SlurmUnavailable, why_unavailable
+from slurm_cluster import PARTITION, LocalSlurm, SlurmBusy, why_unavailable
 
 pytestmark = pytest.mark.slow
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -139,7 +139,6 @@ def local_test_profile(root: Path) -> Path:
         if "slurm_partition" in settings:
             settings["slurm_partition"] = PARTITION
     profile.update({
-        "slurm-no-account": True,
         "slurm-status-command": "squeue",               # no accounting database: sacct knows no job
         "slurm-init-seconds-before-status-checks": 6,   # first poll (default 40 s); +10 s per empty poll
         "latency-wait": 5,
@@ -160,11 +159,16 @@ def slurm_and_local_runs(tmp_path_factory):
     if reason:
         pytest.skip(f"no local SLURM: {reason}")
     base = tmp_path_factory.mktemp("slurm")
-    with LocalSlurm(base / "cluster") as cluster:
+    cluster = LocalSlurm(base / "cluster")
+    try:
+        try:
+            cluster.start()
+        except SlurmBusy as busy:
+            pytest.skip(str(busy))
         timings = {}
         start = time.monotonic()
         local = workflow_copy(base / "local")
-        run = snakemake(local, "results/table.csv")
+        run = snakemake(local, "results/table.csv")  # profiles/default: all cores, gpu cap
         assert run.returncode == 0, run.text
         timings["local"] = time.monotonic() - start
 
@@ -175,8 +179,9 @@ def slurm_and_local_runs(tmp_path_factory):
                         env=cluster.env, timeout=240)
         timings["slurm"] = time.monotonic() - start
         assert run.returncode == 0, run.text + "\n" + cluster.log_tail()
-        yield {"local": local, "slurm": on_slurm, "cluster": cluster, "jobs": cluster.jobs(),
-               "timings": timings, "log": run.text}
+        yield {"local": local, "slurm": on_slurm, "jobs": cluster.jobs(), "timings": timings, "log": run.text}
+    finally:
+        cluster.stop()
 
 
 def test_slurm_run_gives_the_same_table_as_a_local_run(slurm_and_local_runs):

@@ -84,7 +84,7 @@ def test_trains_on_tiny_config(tmp_path, method_config):
     # A fixed batch and fixed views: SGD steps must lower the loss.
     idx = torch.arange(64)
     g = torch.Generator().manual_seed(0)
-    views = [trainer.augment(trainer.images[idx], g) for _ in range(2)]
+    views = [trainer.augment(trainer.data.train.images[idx], g) for _ in range(2)]
     labels = trainer.labels[idx]
     losses = []
     for _ in range(12):

@@ -49,7 +49,7 @@ def test_trains_on_tiny_config(tmp_path, method_config):
     trainer = Trainer(METHODS_DIR / "supervised", method_config("supervised"), 0, tmp_path, progress=False)
     # A fixed batch and fixed views: SGD steps must lower the loss.
     idx = torch.arange(64)
-    views = [trainer.augment(trainer.images[idx], torch.Generator().manual_seed(0))]
+    views = [trainer.augment(trainer.data.train.images[idx], torch.Generator().manual_seed(0))]
     labels = trainer.labels[idx]
     losses = []
     for _ in range(12):
