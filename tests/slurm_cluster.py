@@ -100,7 +100,9 @@ class LocalSlurm:
         self._wait(lambda: self.node_state() == "idle", "the node idle in sinfo", timeout)
 
     def stop(self, timeout: float = 15) -> None:
-        """Stop the daemons this object started, newest first, by PID."""
+        """Cancel what is left in our partition, then stop the daemons we started, newest first, by PID."""
+        if self.processes.get("slurmctld") and self.processes["slurmctld"].poll() is None:
+            self._run("scancel", "--partition", PARTITION)
         for name in reversed(list(self.processes)):
             process = self.processes.pop(name)
             if process.poll() is None:
