@@ -39,3 +39,19 @@ def method_config(suite_config):
         return resolve_method_config(cfg, METHODS_DIR, method)
 
     return make
+
+
+def fixed_batch_losses(trainer, steps: int, labelled: bool, size: int = 64) -> list[float]:
+    """Losses of ``steps`` optimiser steps on one fixed batch with fixed views: training must lower them."""
+    idx = torch.arange(size)
+    g = torch.Generator().manual_seed(0)
+    views = [trainer.augment(trainer.data.train.images[idx], g) for _ in range(trainer.method.num_views)]
+    labels = trainer.labels[idx] if labelled else None
+    losses = []
+    for _ in range(steps):
+        loss = trainer.method.training_loss(views, labels, idx)
+        trainer.optimizer.zero_grad()
+        loss.backward()
+        trainer.optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses

@@ -193,10 +193,10 @@ class LocalSlurm:
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         fields = dict(field.split("=", 1) for field in _node_line().split())
         self.node = fields["NodeName"]
-        # At least 4 CPUs, as many as are real or more (config_overrides): two 2-thread jobs run side by
-        # side, as on a cluster node, even on a 2-core machine.
+        # The real CPUs, but at least 4 (config_overrides lets slurmd declare more than it has), so two
+        # 2-thread jobs run side by side, as on a cluster node, even on a 2-core machine.
         cpus = max(4, int(fields["CPUs"]))
-        node = (f"NodeName={self.node} CPUs={cpus} RealMemory={fields['RealMemory']}")
+        node = f"NodeName={self.node} CPUs={cpus} RealMemory={fields['RealMemory']}"
         f = self.folder
         self.conf.parent.mkdir(parents=True, exist_ok=True)
         self.conf.write_text(f"""\

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from sslbench.clustering import sinkhorn, sinkhorn_labels
 from sslbench.engine import Trainer, build_method, load_data, pretrain
 from sslbench.plugins import load_method_class
-from conftest import METHODS_DIR, tiny_suite_config
+from conftest import fixed_batch_losses, METHODS_DIR, tiny_suite_config
 
 SeLa = load_method_class(METHODS_DIR / "sela")
 
@@ -158,14 +158,6 @@ def test_trains_on_tiny_config(tmp_path, method_config):
     trainer = Trainer(METHODS_DIR / "sela", method_config("sela"), 0, tmp_path, progress=False)
     trainer.method.on_epoch_start(trainer._context())
     # A fixed batch and fixed views: SGD steps must lower the loss towards the current labels.
-    idx = torch.arange(64)
-    views = [trainer.augment(trainer.data.train.images[idx], torch.Generator().manual_seed(0))]
-    losses = []
-    for _ in range(16):
-        loss = trainer.method.training_loss(views, None, idx)
-        trainer.optimizer.zero_grad()
-        loss.backward()
-        trainer.optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = fixed_batch_losses(trainer, steps=16, labelled=False)
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.9 * losses[0], losses

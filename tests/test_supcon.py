@@ -8,7 +8,7 @@ from torch import nn
 
 from sslbench.engine import Trainer, build_method, load_data
 from sslbench.losses import supcon
-from conftest import METHODS_DIR, tiny_suite_config
+from conftest import fixed_batch_losses, METHODS_DIR, tiny_suite_config
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +82,7 @@ def test_needs_labels(method_config, digits):
 def test_trains_on_tiny_config(tmp_path, method_config):
     trainer = Trainer(METHODS_DIR / "supcon", method_config("supcon"), 0, tmp_path, progress=False)
     # A fixed batch and fixed views: SGD steps must lower the loss.
-    idx = torch.arange(64)
-    g = torch.Generator().manual_seed(0)
-    views = [trainer.augment(trainer.data.train.images[idx], g) for _ in range(2)]
-    labels = trainer.labels[idx]
-    losses = []
-    for _ in range(12):
-        loss = trainer.method.training_loss(views, labels, idx)
-        trainer.optimizer.zero_grad()
-        loss.backward()
-        trainer.optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = fixed_batch_losses(trainer, steps=12, labelled=True)
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.9 * losses[0], losses
     # And the engine's loop runs its epochs with finite losses.
