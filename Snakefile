@@ -41,6 +41,12 @@ SEEDS = config["seeds"]
 PROTOCOLS = config["protocols"]
 RUN = "results/{dataset}/{method}/seed{seed}"
 
+localrules:
+    all,
+    collect,
+    report,  # seconds of work each: not worth a trip through a cluster queue
+
+
 wildcard_constraints:
     dataset=DATASET,
     method="|".join(METHODS) or "(?!)",
