@@ -103,11 +103,27 @@ def preflight(config: dict) -> None:
             raise ConfigError(f"config key `dataset`: {err}") from err
 
 
+PAPER_FIELDS = ("dataset", "backbone", "epochs", "protocol", "metric", "value", "source")
+
+
+def paper_entries(path: str | Path) -> list[dict]:
+    """The entries of a method's paper.yaml, each with every field of PAPER_FIELDS."""
+    entries = load_yaml(path).get("results", []) or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: `results` must be a list of {{{', '.join(PAPER_FIELDS)}}} entries")
+    for i, entry in enumerate(entries):
+        missing = [k for k in PAPER_FIELDS if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            raise ConfigError(f"{path}: results[{i}] lacks {missing}; every entry needs {list(PAPER_FIELDS)} "
+                              "(see methods/_template/paper.yaml)")
+    return entries
+
+
 def method_problems(methods_dir: str | Path, names: list[str] | None = None) -> dict[str, str]:
     """{method: what is wrong} for method folders that cannot run, checked before any training.
 
     Looks at every folder under methods/ (or just ``names``): a missing method.py, a config.yaml
-    that does not parse, and a method.py that fails to import, has no Method subclass or lacks
+    that does not parse, a paper.yaml with missing fields, and a method.py that fails to import, has no Method subclass or lacks
     a required hook.
     """
     from .plugins import PluginError, load_method_class  # imports torch: only when checking
@@ -119,6 +135,8 @@ def method_problems(methods_dir: str | Path, names: list[str] | None = None) -> 
         try:
             if (folder / "config.yaml").exists():
                 load_yaml(folder / "config.yaml")
+            if (folder / "paper.yaml").exists():
+                paper_entries(folder / "paper.yaml")
             load_method_class(folder)
         except (ConfigError, PluginError) as err:
             problems[name] = str(err)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from .config import ConfigError, deep_merge, load_yaml, resolve_method_config
+from .config import PAPER_FIELDS, ConfigError, deep_merge, load_yaml, paper_entries, resolve_method_config
 
 ALPHA = 0.05
 MISSING = "—"
@@ -191,19 +191,12 @@ def headline_table(summary: pd.DataFrame, dataset: str | None = None) -> pd.Data
 def read_paper_results(methods_dir: str | Path) -> pd.DataFrame:
     """Every methods/<name>/paper.yaml entry (folders starting with _ or . are templates, skipped)."""
     rows = []
-    required = ["dataset", "backbone", "epochs", "protocol", "metric", "value", "source"]
+    required = list(PAPER_FIELDS)
     for path in sorted(Path(methods_dir).glob("*/paper.yaml")):
         method = path.parent.name
         if method.startswith(("_", ".")):
             continue
-        entries = load_yaml(path).get("results", []) or []
-        if not isinstance(entries, list):
-            raise ConfigError(f"{path}: `results` must be a list of {{{', '.join(required)}}} entries")
-        for i, entry in enumerate(entries):
-            missing = [k for k in required if not isinstance(entry, dict) or k not in entry]
-            if missing:
-                raise ConfigError(f"{path}: results[{i}] lacks {missing}; every entry needs {required}")
-            rows.append({"method": method, **{k: entry[k] for k in required}})
+        rows += [{"method": method, **{k: entry[k] for k in required}} for entry in paper_entries(path)]
     frame = pd.DataFrame(rows, columns=["method"] + required)
     return frame.rename(columns={"value": "reported", "epochs": "paper_epochs", "backbone": "paper_backbone"})
 
@@ -227,7 +220,7 @@ def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str
         except (ConfigError, KeyError):
             continue  # a preset that cannot run this method cannot reproduce its numbers
         out.append({"preset": f"{config_dir.name}/{path.name}", "stem": path.stem,
-                    "dataset": resolved["dataset"].get("name"), "backbone": resolved["backbone"].get("name"),
+                    "dataset": resolved["dataset"].get("label") or resolved["dataset"].get("name"), "backbone": resolved["backbone"].get("name"),
                     "epochs": resolved["train"].get("epochs")})
     return out
 

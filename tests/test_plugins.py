@@ -40,3 +40,22 @@ def test_missing_required_hook(tmp_path):
     folder = write_method(tmp_path, "nohook", "from sslbench import Method\nclass M(Method):\n    pass\n")
     with pytest.raises(PluginError, match="training_loss"):
         load_method_class(folder)
+
+
+def test_paper_yaml_with_missing_fields_is_named_before_training(tmp_path):
+    from sslbench.config import method_problems
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "method.py").write_text(
+        "from sslbench import Method\nclass M(Method):\n    def training_loss(self, v, l, i):\n        return 0\n")
+    (folder / "paper.yaml").write_text("results:\n  - {dataset: imagenet, backbone: resnet50, value: 0.6}\n")
+    problems = method_problems(tmp_path)
+    assert list(problems) == ["m"]
+    assert "paper.yaml: results[0] lacks ['epochs', 'protocol', 'metric', 'source']" in problems["m"]
+
+
+def test_every_repository_method_folder_is_sound():
+    from sslbench.config import method_problems
+
+    assert method_problems(METHODS_DIR) == {}
