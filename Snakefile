@@ -1,4 +1,4 @@
-# sslbench: pretrain -> extract -> evaluate -> collect.
+# sslbench: pretrain -> extract -> evaluate -> collect -> report.
 # Thin by design: every rule calls the `sslbench` CLI, where the logic is tested.
 import json
 import sys
@@ -105,6 +105,8 @@ rule pretrain:
         **job("pretrain")[1],
     log:
         RUN + "/logs/pretrain.log",
+    benchmark:
+        RUN + "/benchmarks/pretrain.tsv"  # wall time and peak memory of the job (sslbench bench reads these)
     shell:
         "{params.launcher} pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
         "--seed {wildcards.seed} --out {params.run_dir:q} --threads {threads} --quiet > {log:q} 2>&1"
@@ -120,6 +122,8 @@ rule extract:
         **job("extract")[1],
     log:
         RUN + "/logs/extract.log",
+    benchmark:
+        RUN + "/benchmarks/extract.tsv"
     shell:
         "sslbench extract --checkpoint {input:q} --out {output:q} --threads {threads} > {log:q} 2>&1"
 
@@ -137,6 +141,8 @@ rule evaluate:
         **job("evaluate")[1],
     log:
         RUN + "/logs/{protocol}.log",
+    benchmark:
+        RUN + "/benchmarks/{protocol}.tsv"
     shell:
         "sslbench evaluate --protocol {wildcards.protocol} --features {input.features:q} "
         "--checkpoint {input.checkpoint:q} --settings-json {params.settings:q} --seed {wildcards.seed} "

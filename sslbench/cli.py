@@ -1,4 +1,4 @@
-"""``sslbench pretrain|extract|evaluate|collect``: the commands the Snakefile runs."""
+"""``sslbench pretrain|extract|evaluate|collect|report``: the commands the Snakefile runs; ``bench``."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +9,15 @@ import torch
 
 
 def _threads(n: int | None) -> None:
-    # Snakemake passes each job's `threads`, so --cores all fills the machine without oversubscribing.
+    """Snakemake passes each job's `threads`: torch, faiss (OpenMP) and BLAS all keep to it, so
+    --cores all fills the machine without oversubscribing."""
     if n:
+        import faiss
+        from threadpoolctl import threadpool_limits
+
         torch.set_num_threads(n)
+        faiss.omp_set_num_threads(n)
+        threadpool_limits(n)
 
 
 def cmd_pretrain(args) -> None:
@@ -48,6 +54,13 @@ def cmd_report(args) -> None:
 
     path = build_report(args.results, args.methods, args.config, args.out)
     print(f"[sslbench] report -> {path}")
+
+
+def cmd_bench(args) -> None:
+    from .bench import run_bench
+
+    run_bench(args.out, sections=args.sections, quick=args.quick, config=args.config, threads=args.threads,
+              methods=args.methods, device=args.device, verbose=not args.quiet)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="config")
     p.add_argument("--out", default="results")
     p.set_defaults(func=cmd_report)
+
+    from .bench import DEFAULT_SECTIONS, SECTIONS
+
+    p = sub.add_parser("bench", help="every stage as side-by-side ratios -> results/bench.csv")
+    p.add_argument("--out", default="results/bench.csv")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS))
+    p.add_argument("--quick", action="store_true", help="sizes / 10, fewer repeats")
+    p.add_argument("--config", default=None, help="a preset merged over config/default.yaml")
+    p.add_argument("--methods", nargs="+", default=None)
+    p.set_defaults(func=cmd_bench)
 
     for p in sub.choices.values():
         p.add_argument("--threads", type=int, default=None)

@@ -252,6 +252,23 @@ class Trainer:
         self.state.last_finite_loss = value
         return value
 
+    def train_step(self, views: list[torch.Tensor], idx: torch.Tensor, lr: float, ctx: EpochContext,
+                   batch: int = 0) -> float:
+        """One optimiser step of the method on a batch's views; returns the loss."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        labels = self.labels[idx] if self.method.needs_labels else None
+        with self._autocast():
+            loss = self.loss_fn(views, labels, idx)
+        value = self._check_finite(loss, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.state.step += 1
+        ctx.step = self.state.step
+        self.method.on_step_end(ctx)
+        return value
+
     def train_epoch(self) -> dict:
         epoch = self.state.epoch
         order_gen, view_gen = epoch_generators(self.seed, epoch, self.rank)
@@ -272,19 +289,7 @@ class Trainer:
         for batch, images in zip(bar, image_batches):
             idx = index_batches[batch].to(self.device)
             lr = learning_rate(self.train_cfg, self.state.step, self.steps_per_epoch)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            views = self._views(images, view_gen)
-            labels = self.labels[idx] if self.method.needs_labels else None
-            with self._autocast():
-                loss = self.loss_fn(views, labels, idx)
-            value = self._check_finite(loss, batch)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-            self.state.step += 1
-            ctx.step = self.state.step
-            self.method.on_step_end(ctx)
+            value = self.train_step(self._views(images, view_gen), idx, lr, ctx, batch)
             total += value
             seen += len(idx) * self.world
             bar.set_postfix(loss=f"{value:.4f}")

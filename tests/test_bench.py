@@ -12,7 +12,8 @@ import pytest
 
 from conftest import tiny_suite_config
 from sslbench.bench import (COLUMNS, SECTIONS, Repeats, Sizes, check_sections, exp_vote_weights, inertia,
-                            run_bench, run_measured, sela_settings)
+                            run_bench, run_measured, sela_settings,
+                            snakemake_benchmarks)
 from sslbench.config import ConfigError
 
 TINY = Sizes(knn_train=1500, knn_test=300, dim=32, classes=10, kmeans_points=1500, kmeans_k=15, kmeans_iters=10,
@@ -130,6 +131,18 @@ def test_memory_rows_measure_real_jobs(tmp_path):
     assert (memory["value"] >= 0.95 * baseline).all()
     assert (memory["reference"] == 4000).all()  # resources.<rule>.mem_mb of the config
     assert_ratios_positive_and_finite(frame)
+
+
+def test_snakemake_benchmark_files_are_found_and_others_ignored(tmp_path):
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    job = tmp_path / "results" / "digits" / "moco" / "seed0" / "benchmarks" / "pretrain.tsv"
+    job.parent.mkdir(parents=True)
+    job.write_text(header + "12.5\t0:00:12\t812.3\t2000\t700\t720\t1\t2\t95\t11.9\n")
+    (tmp_path / "results" / "table.tsv").write_text("method\tvalue\nmoco\t1\n")  # not a benchmark file
+    found = snakemake_benchmarks(tmp_path)
+    assert list(found["file"]) == ["results/digits/moco/seed0/benchmarks/pretrain.tsv"]
+    assert found["max_rss"].tolist() == [812.3] and found["s"].tolist() == [12.5]
+    assert snakemake_benchmarks(tmp_path / "results" / "digits" / "moco" / "nothing").empty
 
 
 def test_bad_input_names_the_fix(tmp_path):

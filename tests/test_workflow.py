@@ -123,3 +123,19 @@ def test_broken_method_folder_stops_before_training_or_is_skipped_with_keep_goin
         shutil.rmtree(broken)
         cfg["methods"] = ["simclr", "random"]
         (workflow / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+
+
+def test_same_config_and_seed_give_a_bit_identical_table(workflow):
+    """Retrain one run from scratch (checkpoints deleted): every value in the table is the same."""
+    def values():
+        table = pd.read_csv(workflow / "results" / "table.csv", dtype={"value": str})  # compare as text
+        return table.set_index(["method", "seed", "protocol", "metric"])["value"].sort_index()
+
+    before = values()
+    shutil.rmtree(workflow / "results" / "digits" / "simclr" / "seed0" / "checkpoints")
+    out = snakemake(workflow, "--cores", "2", "--forcerun", "results/digits/simclr/seed0/checkpoint.pt",
+                    "results/table.csv")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "localrule pretrain" in out.stdout + out.stderr or "rule pretrain" in out.stdout + out.stderr
+    after = values()
+    assert before.equals(after)
