@@ -3,10 +3,18 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 
 import numpy as np
 
 FEATURE_KEYS = ("train", "train_labels", "test", "test_labels", "num_classes")
+
+
+def available_threads() -> int:
+    """The threads this job may use: OMP_NUM_THREADS (the CLI sets it from Snakemake's `threads`),
+    else every core."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
 
 
 def resolve_settings(settings: dict | None, defaults: dict, protocol: str) -> dict:

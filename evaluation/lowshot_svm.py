@@ -25,12 +25,11 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import LinearSVC
 
-from .common import check_metrics, resolve_settings, seed_for, to_numpy, unpack_features
+from .common import available_threads, check_metrics, resolve_settings, seed_for, to_numpy, unpack_features
 
 PROTOCOL = "lowshot_svm"
 DEFAULTS: dict = {
@@ -249,8 +248,8 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
 
     jobs = [(k, d, draw) for k in ks_run
             for d, draw in enumerate(sampler(train_labels, k, int(used["num_draws"]), seed))]
-    # liblinear releases the GIL: draws run in threads, as many as torch may use (the CLI's --threads).
-    with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+    # liblinear releases the GIL: draws run in threads, as many as the job may use (the CLI's --threads).
+    with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=available_threads()) as pool:
         warnings.simplefilter("ignore", ConvergenceWarning)  # counted and recorded instead
         runs = list(pool.map(lambda job: run_draw(*job), jobs))
 

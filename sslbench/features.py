@@ -1,13 +1,10 @@
 """Extract features once per checkpoint: the frozen encoder's pooled output on
 the train and test splits (evaluation transform), to one file every protocol reads.
 
-The file is a plain ``.npz`` (arrays + the run's metadata as JSON) so that the
-protocols on cached features load it without importing torch.
+The file format lives in ``sslbench.featurefile`` (no torch), re-exported here.
 """
 from __future__ import annotations
 
-import io as _bytes_io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +15,7 @@ from . import io
 from .augment import EvalTransform
 from .backbones import create_backbone
 from .engine import load_data, select_device
+from .featurefile import load_features, save_features  # noqa: F401  (re-exported)
 from .provenance import provenance
 
 
@@ -73,22 +71,3 @@ def extract(checkpoint_path: str | Path, out_path: str | Path, device: str = "au
             raise ValueError(f"{checkpoint_path}: the encoder produced non-finite {split} features; "
                              "the checkpoint is broken; delete it and retrain")
     return save_features(out_path, features)
-
-
-def save_features(path: str | Path, features: dict) -> Path:
-    arrays = {k: np.asarray(v) for k, v in features.items() if k != "meta"}
-    buffer = _bytes_io.BytesIO()
-    np.savez(buffer, meta_json=np.array(json.dumps(features["meta"])), **arrays)
-    return io.write_bytes(path, buffer.getvalue())
-
-
-def load_features(path: str | Path) -> dict:
-    """The dict every protocol takes: numpy arrays, ``num_classes`` and ``meta``."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            out = {k: npz[k] for k in npz.files if k != "meta_json"}
-            out["meta"] = json.loads(str(npz["meta_json"]))
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"{path}: unreadable features ({err}); delete it and rerun snakemake") from err
-    out["num_classes"] = int(out["num_classes"])
-    return out

@@ -325,7 +325,7 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
 
 
 def load_run_features(run: Run) -> dict:
-    from .features import load_features
+    from .featurefile import load_features
 
     path = run.folder / "features.npz"
     if not path.is_file():

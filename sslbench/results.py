@@ -39,7 +39,7 @@ def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed:
                  checkpoint_path: str | Path | None = None) -> Path:
     """Run one protocol on cached features and write its result JSON atomically."""
     module = protocol_module(protocol)
-    from .features import load_features
+    from .featurefile import load_features
 
     features = load_features(features_path)
     start = time.perf_counter()

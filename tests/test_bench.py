@@ -127,8 +127,10 @@ def test_memory_rows_measure_real_jobs(tmp_path):
     assert list(memory.index) == ["pretrain supervised", "extract supervised", "evaluate supervised knn"]
     baseline = float(memory["notes"].iloc[0].split("peaks at ")[1].split(" MiB")[0])
     assert baseline > 100  # an interpreter that imported torch
-    # Each job imports what the baseline imports, and more: its peak is at least the baseline's.
-    assert (memory["value"] >= 0.95 * baseline).all()
+    # Training and extraction import what the baseline imports, and more: their peak is at least the
+    # baseline's. A kNN job never imports torch (features are .npz; numpy + faiss), so it stays far below.
+    assert (memory["value"][:2] >= 0.95 * baseline).all()
+    assert 10 < memory["value"].iloc[2] < 0.5 * baseline
     assert (memory["reference"] == 4000).all()  # resources.<rule>.mem_mb of the config
     assert_ratios_positive_and_finite(frame)
 

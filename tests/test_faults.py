@@ -71,3 +71,50 @@ def test_cli_reports_unwritable_results_without_a_traceback(tmp_path, method_con
     out = subprocess.run(pretrain_cmd(cfg, blocker / "run"), env=env, capture_output=True, text=True)
     assert out.returncode == 1
     assert "error: cannot write" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_snakemake_killed_mid_training_resumes_on_the_next_run(tmp_path, method_config):
+    """SIGKILL to snakemake and its training job mid-epoch; `snakemake --unlock` and a rerun resume from
+    the last complete epoch and end with the checkpoint of a run that was never interrupted."""
+    import shutil
+
+    import yaml
+
+    from conftest import tiny_suite_config
+
+    root = tmp_path / "wf"
+    root.mkdir()
+    shutil.copy(REPO / "Snakefile", root)
+    shutil.copytree(REPO / "config", root / "config")
+    shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
+    cfg = tiny_suite_config(epochs=4)
+    cfg.update(methods=["simclr"], protocols=["knn"])
+    (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "results/table.csv", "--configfile", "tiny.yaml"]
+
+    proc = subprocess.Popen(cmd, cwd=root, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = root / "results" / "digits" / "simclr" / "seed0"
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / "epoch_0001.pt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert (run / "checkpoints" / "epoch_0001.pt").exists(), "training never wrote an epoch checkpoint"
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and the training job, as a node failure would
+    proc.wait()
+    assert not (run / "checkpoint.pt").exists()
+
+    for args in (["--unlock"], ["--rerun-incomplete"]):
+        out = subprocess.run(cmd + args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert "resumed from" in (run / "logs" / "pretrain.log").read_text()
+    assert (root / "results" / "table.csv").exists()
+
+    resolved = method_config("simclr", train={"epochs": 4})
+    reference = subprocess.run(pretrain_cmd(resolved, tmp_path / "ref"), env={**env, "PYTHONPATH": str(REPO)},
+                               capture_output=True, text=True)
+    assert reference.returncode == 0, reference.stderr
+    a = torch.load(tmp_path / "ref" / "checkpoint.pt", weights_only=False)["encoder"]
+    b = torch.load(run / "checkpoint.pt", weights_only=False)["encoder"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,30 @@
+"""The features file every protocol reads: a plain ``.npz`` (arrays + the run's metadata as
+JSON), so that protocols on cached features load it without importing torch."""
+from __future__ import annotations
+
+import io as _bytes_io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import io
+
+
+def save_features(path: str | Path, features: dict) -> Path:
+    arrays = {k: np.asarray(v) for k, v in features.items() if k != "meta"}
+    buffer = _bytes_io.BytesIO()
+    np.savez(buffer, meta_json=np.array(json.dumps(features["meta"])), **arrays)
+    return io.write_bytes(path, buffer.getvalue())
+
+
+def load_features(path: str | Path) -> dict:
+    """The dict every protocol takes: numpy arrays, ``num_classes`` and ``meta``."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            out = {k: npz[k] for k in npz.files if k != "meta_json"}
+            out["meta"] = json.loads(str(npz["meta_json"]))
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{path}: unreadable features ({err}); delete it and rerun snakemake") from err
+    out["num_classes"] = int(out["num_classes"])
+    return out
