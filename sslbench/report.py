@@ -514,6 +514,13 @@ def configs_html(runs: list[Run]) -> str:
 
 
 # --------------------------------------------------------------------------- entry point
+def read_failures(path: Path) -> pd.DataFrame:
+    """results/failures.csv (method, problem), or an empty frame where there is none."""
+    if path.exists() and path.stat().st_size:
+        return pd.read_csv(path, dtype=str)
+    return pd.DataFrame(columns=["method", "problem"])
+
+
 def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: str | Path, out_dir: str | Path,
                  tsne_points: int = TSNE_POINTS) -> Path:
     """Write summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv, table.md,
@@ -536,11 +543,17 @@ def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: s
     footnotes = {d: settings_footnote(table, d) for d in datasets}
     markdown = "\n".join((f"### {d}\n\n" if len(datasets) > 1 else "") + headline_markdown(summary, d, footnotes[d])
                          for d in datasets)
+    failures = read_failures(Path(results_dir) / "failures.csv")
+    if len(failures):  # method folders skipped with --keep-going: never silently absent from the table
+        markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in failures.values)
     io.write_text(out_dir / "table.md", markdown)
 
     page = Page()
     for d in datasets:
         page.add(f"Headline: {d}", headline_html(summary, d, footnotes[d]))
+    if len(failures):
+        page.add("Failed method folders", html_table(failures, "table-failures")
+                 + note("Skipped with --keep-going: fix these folders and rerun (results/failures.csv)."))
     page.add("Reproduced vs reported", (
         html_table(reproduced_display(reproduced), "table-reproduced") if len(reproduced)
         else '<p id="table-reproduced" class="note">No methods/&lt;name&gt;/paper.yaml lists reported numbers.</p>')

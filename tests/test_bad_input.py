@@ -88,8 +88,8 @@ def test_every_preset_resolves_for_every_method(preset):
         assert resolved["train"]["epochs"] >= 1
 
 
-@pytest.mark.parametrize("preset", ["cifar10", "imagenet"])
-def test_snakemake_plans_a_preset(tmp_path, preset):
+@pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
+def test_snakemake_plans_every_preset(tmp_path, preset):
     out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-n", "--cores", "1",
                           "--configfile", str(REPO / "config" / f"{preset}.yaml")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -119,6 +119,10 @@ def test_broken_method_folder_stops_before_training_or_is_skipped_with_keep_goin
         assert list(failures["method"]) == ["broken"] and "syntax error" in failures["problem"][0]
         table = pd.read_csv(workflow / "results" / "table.csv")
         assert set(table["method"]) == {"simclr", "random"}
+        out = snakemake(workflow, "--cores", "2", "--keep-going")  # the report names the broken folder
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "Failed (not run): broken:" in (workflow / "results" / "table.md").read_text()
+        assert 'id="table-failures"' in (workflow / "results" / "report.html").read_text()
     finally:
         shutil.rmtree(broken)
         cfg["methods"] = ["simclr", "random"]
