@@ -41,6 +41,7 @@ def test_sigkill_mid_epoch_then_rerun_gives_the_uninterrupted_checkpoint(tmp_pat
 
     resumed = subprocess.run(pretrain_cmd(cfg, run), env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout and "epoch_0001.pt" in resumed.stdout, resumed.stdout
     a = torch.load(tmp_path / "ref" / "checkpoint.pt", weights_only=False)
     b = torch.load(run / "checkpoint.pt", weights_only=False)
     assert a["encoder"].keys() == b["encoder"].keys()
