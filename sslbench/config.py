@@ -23,13 +23,7 @@ METHOD_SECTIONS = ("train", "augment")
 
 def discover_methods(methods_dir: str | Path) -> list[str]:
     """Every folder under methods/ with a method.py; names starting with _ or . are skipped."""
-    root = Path(methods_dir)
-    if not root.is_dir():
-        return []
-    return sorted(
-        p.name for p in root.iterdir()
-        if p.is_dir() and not p.name.startswith(("_", ".")) and (p / "method.py").is_file()
-    )
+    return [name for name in list_method_folders(methods_dir) if (Path(methods_dir) / name / "method.py").is_file()]
 
 
 def list_method_folders(methods_dir: str | Path) -> list[str]:

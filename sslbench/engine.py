@@ -137,7 +137,7 @@ class Trainer:
         self.progress = progress and dist.is_main()
         self.data = load_data(cfg)
         self.method = build_method(method_dir, cfg, self.data, seed).to(self.device)
-        mean, std = normalisation(self.data)
+        self.mean, self.std = mean, std = normalisation(self.data)  # stored in the checkpoint for extract
         size, channels = self.data.image_size, self.data.channels
         views = view_config(**cfg.get("augment", {}))
         self.augment = ViewAugment(size, channels, mean, std, views).to(self.device)
@@ -349,9 +349,9 @@ class Trainer:
         path = self.out_dir / "checkpoint.pt"
         if not dist.is_main():
             return path
-        mean, std = normalisation(self.data)
         ckpt = {"encoder": self.method.encoder().state_dict(), "method_state": self.method.state_dict(),
-                "cfg": self.cfg, "seed": self.seed, "meta": meta, "normalisation": {"mean": mean, "std": std}}
+                "cfg": self.cfg, "seed": self.seed, "meta": meta,
+                "normalisation": {"mean": self.mean, "std": self.std}}
         io.save_torch(path, ckpt)
         io.write_json(self.out_dir / "run.json", {"cfg": self.cfg, "meta": meta})
         return path
