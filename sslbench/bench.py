@@ -391,16 +391,16 @@ def bench_step(bench: Bench) -> list[dict]:
         ctx = trainer._context()
         bare = BareLoop(trainer)
 
-        def run_method(i):
-            images, idx = batch(trainer, i, bench.seed)
-            view_s, views = make_views(trainer, images, i, bench.seed)
-            return view_s, timed(lambda: method_step(trainer, ctx, views, idx))[0]
+        def round_of(step):
+            """(view seconds, step seconds) of round i: the same batch and views for both loops."""
+            def run(i):
+                images, idx = batch(trainer, i, bench.seed)
+                view_s, views = make_views(trainer, images, i, bench.seed)
+                return view_s, timed(lambda: step(views, idx))[0]
+            return run
 
-        def run_bare(i):
-            images, idx = batch(trainer, i, bench.seed)
-            view_s, views = make_views(trainer, images, i, bench.seed)
-            return view_s, timed(lambda: (bare.step(views), sync(trainer.device)))[0]
-
+        run_method = round_of(lambda views, idx: method_step(trainer, ctx, views, idx))
+        run_bare = round_of(lambda views, idx: (bare.step(views), sync(trainer.device)))
         pairs = interleaved(run_method, run_bare, bench.repeats.warmup, bench.repeats.steps)
         rows += step_rows(name, trainer, pairs, hooks)
     return rows
