@@ -55,12 +55,10 @@ def cmd_report(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from .bench import run_bench
+    from .bench import DEFAULT_SECTIONS, run_bench
 
-    from .bench import DEFAULT_SECTIONS
-
-    run_bench(args.out, sections=args.sections or list(DEFAULT_SECTIONS), quick=args.quick, config=args.config, threads=args.threads,
-              methods=args.methods, device=args.device, verbose=not args.quiet)
+    run_bench(args.out, sections=args.sections or list(DEFAULT_SECTIONS), quick=args.quick, config=args.config,
+              threads=args.threads, methods=args.methods, device=args.device, verbose=not args.quiet)
 
 
 def main(argv: list[str] | None = None) -> int:
