@@ -219,7 +219,8 @@ def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
 
 def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str, float], dict]:
     from sslbench.augment import EvalTransform, ViewAugment, view_config
-    from sslbench.engine import load_data, select_device
+    from sslbench.distributed import select_device
+    from sslbench.engine import load_data
     from sslbench.features import embed, load_encoder, read_checkpoint
 
     used, ignored = resolve_paper_settings(settings)

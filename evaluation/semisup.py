@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from sslbench import io
 from sslbench.augment import EvalTransform, ViewAugment, view_config
 from sslbench.data import Dataset, ImageSet
-from sslbench.engine import load_data, select_device
+from sslbench.distributed import select_device
+from sslbench.engine import load_data
 from sslbench.features import embed, load_encoder, read_checkpoint
 
 from .common import check_metrics, resolve_settings, seed_for, topk_accuracy

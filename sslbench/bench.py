@@ -234,7 +234,7 @@ def meets(ratio, target: tuple[str, float] | None) -> bool | None:
 def to_frame(rows: list[dict], bench: Bench) -> pd.DataFrame:
     from .provenance import device_name, git_state
 
-    from .engine import select_device
+    from .distributed import select_device
 
     device = device_name(select_device(bench.device))
     frame = pd.DataFrame(rows)

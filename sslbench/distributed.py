@@ -28,22 +28,27 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def select_device(requested: str = "auto") -> torch.device:
+    """``auto``: CUDA when there is one, else the CPU; otherwise the device named."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
 def init_from_env(device: str = "auto") -> torch.device:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); NCCL on CUDA, gloo on CPU.
 
     Returns this process's device. Without torchrun's variables, a single process on ``device``.
     """
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    want_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if size > 1 and not is_initialized():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if want_cuda:
-            torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if want_cuda else "gloo", timeout=timedelta(minutes=30))
-    if want_cuda:
-        index = int(os.environ.get("LOCAL_RANK", "0")) if size > 1 else None
-        return torch.device("cuda", index) if index is not None else torch.device(device if device != "auto" else "cuda")
-    return torch.device("cpu")
+    chosen = select_device(device)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return chosen
+    if chosen.type == "cuda":  # one GPU per process: the one torchrun's LOCAL_RANK names
+        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(chosen)
+    if not is_initialized():
+        dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo", timeout=timedelta(minutes=30))
+    return chosen
 
 
 def shutdown() -> None:

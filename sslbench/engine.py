@@ -33,12 +33,6 @@ class TrainingDiverged(RuntimeError):
     pass
 
 
-def select_device(requested: str = "auto") -> torch.device:
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(requested)
-
-
 def epoch_generators(seed: int, epoch: int, rank: int) -> tuple[torch.Generator, torch.Generator]:
     """(data order, views) generators of one epoch, and the global RNG (methods' own randomness).
 

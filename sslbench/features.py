@@ -14,7 +14,8 @@ import torch
 from . import io
 from .augment import EvalTransform
 from .backbones import create_backbone
-from .engine import load_data, select_device
+from .distributed import select_device
+from .engine import load_data
 from .featurefile import load_features, save_features  # noqa: F401  (re-exported)
 from .provenance import provenance
 
