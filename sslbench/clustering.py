@@ -3,7 +3,8 @@
 - kmeans:               faiss k-means (CPU or GPU), seeded.
 - concentration:        PCL's per-cluster concentration phi (Li et al., 2021).
 - sinkhorn:             SeLa's optimal-transport pseudo-labelling (Asano et
-                        al., 2020), in the log domain.
+                        al., 2020): matrix-vector scaling, log domain where
+                        float64 would underflow.
 - sinkhorn_labels:      argmax of the Sinkhorn plan's rows.
 - equipartition_labels: SeLa's initial labels, an exact random equipartition.
 """
@@ -160,7 +161,7 @@ def _sinkhorn_log_scalings(
     log_col_target = -math.log(num_cols)
     log_a = torch.full((num_rows,), log_row_target, dtype=log_kernel.dtype, device=log_kernel.device)
     log_b = torch.zeros(num_cols, dtype=log_kernel.dtype, device=log_kernel.device)
-    iterations = 0
+    iterations, row_error = 0, math.inf
     while iterations < max_iters:
         iterations += 1
         log_b = log_col_target - torch.logsumexp(log_kernel + log_a[:, None], dim=0)
@@ -170,14 +171,47 @@ def _sinkhorn_log_scalings(
         if row_error <= tol:
             break
         log_a = log_row_target - log_row_sums_without_a
-    else:
+    _warn_if_unconverged(iterations, max_iters, row_error, tol)
+    return log_a, log_b, iterations
+
+
+# The matrix-vector form drops kernel entries below ~1e-308 (float64 underflow). That is harmless
+# while every column keeps an entry far above them: the dropped mass is then < N * 1e-308 / 1e-250
+# of the column's. Columns without one (a cluster every image finds ~e^-575 times less likely than
+# its favourite) go to the log domain.
+_SMALLEST_COLUMN_MAX = 1e-250
+
+
+def _sinkhorn_scalings(kernel: torch.Tensor, tol: float, max_iters: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """Sinkhorn's updates and stopping rule of _sinkhorn_log_scalings as matrix-vector products
+    (SeLa's own form) on kernel = exp(log_kernel - row max), from a = 1/N: a [N], b [K] with
+    diag(a) kernel diag(b) the plan (the same unique plan the log domain converges to). None when
+    a scaling leaves the float64 range (the caller then works in the log domain)."""
+    num_rows, num_cols = kernel.shape
+    a = torch.full((num_rows,), 1.0 / num_rows, dtype=kernel.dtype, device=kernel.device)
+    iterations, row_error = 0, math.inf
+    while iterations < max_iters:
+        iterations += 1
+        b = (1.0 / num_cols) / (a @ kernel)
+        row_sums_without_a = kernel @ b
+        if not (torch.isfinite(b).all() and (row_sums_without_a > 0).all() and torch.isfinite(row_sums_without_a).all()):
+            return None
+        row_error = (a * row_sums_without_a * num_rows - 1).abs().max()
+        if row_error <= tol:
+            break
+        a = (1.0 / num_rows) / row_sums_without_a
+    _warn_if_unconverged(iterations, max_iters, row_error, tol)
+    return a, b, iterations
+
+
+def _warn_if_unconverged(iterations: int, max_iters: int, row_error, tol: float) -> None:
+    if iterations >= max_iters and not row_error <= tol:
         warnings.warn(
             f"sinkhorn stopped after max_iters={max_iters} with row marginals off by {float(row_error):.2e} "
             f"(relative; tol={tol}): raise max_iters or tol, or lower lam",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-    return log_a, log_b, iterations
 
 
 def sinkhorn(
@@ -194,11 +228,17 @@ def sinkhorn(
     sums within a relative `tol` (|N * row_sum - 1| <= tol), unless max_iters
     ran out first (then a RuntimeWarning says so and the row sums are exact
     instead). Peaked probs with a large lam converge slowly: Sinkhorn's rate
-    falls with the spread of lam * log P. Everything runs in the log domain (lam * log P and
-    logsumexp updates), so lam = 25 cannot underflow. The work is in float64:
-    in float32 the rounding of lam * log P alone exceeds tol = 1e-6. Peak
-    memory is about four N x K float64 arrays. Entries of probs equal to 0
-    count as the smallest positive float64. The plan comes back in probs'
+    falls with the spread of lam * log P.
+
+    The kernel P^lam is formed as exp(lam * log P - row max), so no row
+    underflows, and scaled by matrix-vector products (two passes over N x K
+    per iteration, as SeLa's code). Where that would lose mass to float64
+    underflow (a column with no entry above 1e-250) or a scaling overflows,
+    the same iterations run in the log domain (logsumexp, ~30x slower per
+    iteration, never underflows). The work is in float64: in float32 the
+    rounding of lam * log P alone exceeds tol = 1e-6. Peak memory is two
+    N x K float64 arrays (four in the log domain). Entries of probs equal to
+    0 count as the smallest positive float64. The plan comes back in probs'
     dtype (float64 for integer input) on probs' device.
     return_iters=True returns (Q, number of iterations run) instead.
     """
@@ -213,9 +253,21 @@ def sinkhorn(
     if not torch.isfinite(probs).all() or (probs < 0).any():
         raise ValueError("sinkhorn needs finite, non-negative probs (softmax outputs)")
 
-    log_kernel = lam * torch.log(probs.clamp_min(torch.finfo(torch.float64).tiny))
-    log_a, log_b, iterations = _sinkhorn_log_scalings(log_kernel, tol, max_iters)
-    plan = torch.exp(log_a[:, None] + log_kernel + log_b[None, :]).to(out_dtype)
+    def log_kernel() -> torch.Tensor:
+        return torch.log(probs.clamp_min(torch.finfo(torch.float64).tiny)).mul_(lam)
+
+    kernel = log_kernel()
+    kernel.sub_(kernel.amax(dim=1, keepdim=True)).exp_()  # row max 1: P^lam up to a factor per row
+    found = _sinkhorn_scalings(kernel, tol, max_iters) if kernel.amax(dim=0).min() >= _SMALLEST_COLUMN_MAX else None
+    if found is not None:
+        a, b, iterations = found
+        plan = kernel.mul_(a[:, None]).mul_(b[None, :])
+    else:
+        del kernel
+        kernel = log_kernel()
+        log_a, log_b, iterations = _sinkhorn_log_scalings(kernel, tol, max_iters)
+        plan = kernel.add_(log_a[:, None]).add_(log_b[None, :]).exp_()
+    plan = plan.to(out_dtype)
     return (plan, iterations) if return_iters else plan
 
 

@@ -106,6 +106,7 @@ def test_sinkhorn_uses_selas_settings_and_converges(tmp_path):
     assert 1 <= rows.loc[f"{name} iterations", "value"] < settings["max_iters"]
     assert rows.loc[f"{name} seconds", "value"] > 0
     assert f"tol {settings['tol']:g}" in rows.loc[f"{name} seconds", "notes"]
+    assert rows.loc[f"{name} log-domain iteration", "unit"] == "s/iteration"
     assert_ratios_positive_and_finite(frame)
 
 

@@ -15,6 +15,7 @@ from sslbench.clustering import (
     sinkhorn,
     sinkhorn_labels,
 )
+from sslbench.clustering import _sinkhorn_log_scalings, _sinkhorn_scalings
 
 SEEDS = [0, 1, 2]
 
@@ -249,6 +250,35 @@ def naive_sinkhorn(probs, lam, iterations=3000):
 def test_sinkhorn_agrees_with_naive_sinkhorn_at_small_lam(seed, lam):
     probs = softmax_rows(seed, 60, 6, scale=1.0)
     torch.testing.assert_close(sinkhorn(probs, lam, tol=1e-12), naive_sinkhorn(probs, lam), rtol=1e-8, atol=0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("lam,scale", [(1.0, 3.0), (10.0, 3.0), (25.0, 1.0)])
+def test_sinkhorn_matrix_vector_and_log_domain_forms_reach_the_same_plan(seed, lam, scale):
+    # The plan with given marginals is unique, so both forms must converge to it (they start
+    # from different scalings: the matrix-vector form's kernel is divided by each row's max).
+    log_kernel = lam * softmax_rows(seed, 300, 12, scale=scale).log()
+    kernel = (log_kernel - log_kernel.amax(dim=1, keepdim=True)).exp()
+    a, b, iterations = _sinkhorn_scalings(kernel, 1e-11, 5000)
+    log_a, log_b, log_iterations = _sinkhorn_log_scalings(log_kernel, 1e-11, 5000)
+    assert 1 < iterations < 5000 and 1 < log_iterations < 5000
+    torch.testing.assert_close(a[:, None] * kernel * b[None, :], (log_a[:, None] + log_kernel + log_b).exp(),
+                               rtol=1e-9, atol=0)
+
+
+def test_sinkhorn_works_in_the_log_domain_when_a_column_would_underflow():
+    probs = softmax_rows(0, 200, 10, scale=1.0)
+    probs[:, 0] = 1e-30  # a cluster nobody likes: (1e-30)^25 underflows float64
+    probs /= probs.sum(dim=1, keepdim=True)
+    log_kernel = 25.0 * probs.log()
+    kernel = (log_kernel - log_kernel.amax(dim=1, keepdim=True)).exp()
+    assert (kernel[:, 0] == 0).all()
+    with np.errstate(all="ignore"):
+        assert _sinkhorn_scalings(kernel, 1e-6, 1000) is None  # the matrix-vector form cannot give column 0 mass
+    plan = sinkhorn(probs, 25.0)
+    assert_marginals(plan, tol=1e-6 * 1.01)  # column 0 gets its 1/K all the same
+    log_a, log_b, _ = _sinkhorn_log_scalings(log_kernel, 1e-6, 1000)
+    torch.testing.assert_close(plan, (log_a[:, None] + log_kernel + log_b).exp(), rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
