@@ -10,8 +10,9 @@
         for each batch (x, idx):
             loss = mean_h CE(W_h f(aug(x)), L[h, idx])
 
-f is the backbone (evaluated), W_h the H linear heads. The labels L [H, N] are a buffer,
-so they are checkpointed and restored on resume.
+f is the backbone (evaluated), W_h the H linear heads, held as one [H*K, D] layer so a step is
+one matrix product, not H (the same initialisation per head: uniform with bound 1/sqrt(D)).
+The labels L [H, N] are a buffer, so they are checkpointed and restored on resume.
 """
 import itertools
 import math
@@ -39,7 +40,7 @@ class SeLa(Method):
         self.lam = float(p["lam"])
         self.sinkhorn_tol, self.sinkhorn_max_iters = float(p["sinkhorn_tol"]), int(p["sinkhorn_max_iters"])
         self.relabel_epochs = self.relabel_schedule(cfg["train"]["epochs"], p["num_relabels"], p["relabel_power"])
-        self.heads = nn.ModuleList(nn.Linear(self.feature_dim, self.num_clusters) for _ in range(self.num_heads))
+        self.heads = nn.Linear(self.feature_dim, self.num_heads * self.num_clusters)  # W_1..W_H stacked
         # The engine seeds torch with the run's seed before building the method: the labels follow it.
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
         initial = [equipartition_labels(info.num_train, self.num_clusters, generator) for _ in range(self.num_heads)]
@@ -68,14 +69,19 @@ class SeLa(Method):
         gaps = sorted(later - earlier for earlier, later in zip(epochs, epochs[1:]))
         return tuple(itertools.accumulate(gaps, initial=0))
 
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[N, H, K]: W_h f for every head h."""
+        return self.heads(features).view(-1, self.num_heads, self.num_clusters)
+
     @torch.no_grad()
     def relabel(self, ctx) -> int:
         """Re-optimise every head's labels on the whole train set; returns how many labels changed."""
         features = ctx.forward_train_set(self.backbone)  # [N, D], evaluation transform, dataset order
+        probs = F.softmax(self.logits(features).double(), dim=2)  # [N, H, K]
         new = torch.stack([
-            sinkhorn_labels(F.softmax(head(features).double(), dim=1), self.lam,
-                            tol=self.sinkhorn_tol, max_iters=self.sinkhorn_max_iters)
-            for head in self.heads
+            sinkhorn_labels(probs[:, h].contiguous(), self.lam, tol=self.sinkhorn_tol,
+                            max_iters=self.sinkhorn_max_iters)
+            for h in range(self.num_heads)
         ]).to(self.labels.device)
         changed = int((new != self.labels).sum())
         self.labels.copy_(new)
@@ -90,6 +96,7 @@ class SeLa(Method):
         ctx.log.update(relabelled=relabelled, labels_changed=changed, relabel_seconds=seconds)
 
     def training_loss(self, views, labels, indices):
-        features = self.backbone(views[0])
-        targets = self.labels[:, indices.to(self.labels.device)]
-        return torch.stack([F.cross_entropy(head(features), targets[h]) for h, head in enumerate(self.heads)]).mean()
+        logits = self.logits(self.backbone(views[0]))                    # [B, H, K]
+        targets = self.labels[:, indices.to(self.labels.device)]           # [H, B]
+        # The mean over B x H terms is the mean over heads of each head's mean cross-entropy.
+        return F.cross_entropy(logits.flatten(0, 1), targets.T.flatten())
