@@ -23,22 +23,34 @@ def knn_classify(train_features: np.ndarray, train_labels: np.ndarray, test_feat
 
     k is capped at the number of train samples.
     """
+    check_variant(k, temperature)
+    similarities, neighbours = nearest_neighbours(train_features, test_features, k)
+    return vote(similarities, neighbours, train_labels, temperature, num_classes)
+
+
+def check_variant(k: int, temperature: float) -> None:
     if k < 1 or temperature <= 0:
         raise ValueError(f"knn: need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
+
+
+def nearest_neighbours(train_features: np.ndarray, test_features: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cosine similarities, train indices) [n_test, min(k, n_train)] of each test point's nearest
+    train points, most similar first (exact search: faiss IndexFlatIP on L2-normalised features)."""
     train = np.ascontiguousarray(l2_normalize(train_features))
     test = np.ascontiguousarray(l2_normalize(test_features))
-    train_labels = np.asarray(train_labels, dtype=np.int64)
-    k = min(int(k), len(train))
-
     index = faiss.IndexFlatIP(train.shape[1])
     index.add(train)
-    similarities, neighbours = index.search(test, k)
+    return index.search(test, min(int(k), len(train)))
 
+
+def vote(similarities: np.ndarray, neighbours: np.ndarray, train_labels: np.ndarray, temperature: float,
+         num_classes: int) -> np.ndarray:
+    """Class scores [n_test, num_classes]: every listed neighbour votes exp(sim / T) for its class."""
     weights = np.exp(similarities.astype(np.float64) / temperature)
-    neighbour_labels = train_labels[neighbours]
-    scores = np.zeros((len(test), num_classes), dtype=np.float64)
-    rows = np.arange(len(test))
-    for j in range(k):  # each column touches every row once, so fancy-index += has no collisions
+    neighbour_labels = np.asarray(train_labels, dtype=np.int64)[neighbours]
+    scores = np.zeros((len(similarities), num_classes), dtype=np.float64)
+    rows = np.arange(len(similarities))
+    for j in range(neighbours.shape[1]):  # each column touches every row once: fancy-index += has no collisions
         scores[rows, neighbour_labels[:, j]] += weights[:, j]
     return scores
 
@@ -56,13 +68,20 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     data = unpack_features(features)
     metrics, variants = {}, []
+    if not used["variants"]:
+        raise ValueError("knn: `evaluation.knn.variants` is empty; give at least one {k: ..., temperature: ...}")
     for variant in used["variants"]:
         unknown = set(variant) - {"k", "temperature"}
         if unknown or not {"k", "temperature"} <= set(variant):
             raise ValueError(f"knn: each variant needs exactly keys 'k' and 'temperature', got {variant}")
+        check_variant(int(variant["k"]), float(variant["temperature"]))
+    # One search at the largest k serves every variant: the k nearest are the first k of the list.
+    largest = max(int(v["k"]) for v in used["variants"])
+    similarities, neighbours = nearest_neighbours(data["train"], data["test"], largest)
+    for variant in used["variants"]:
         k, temperature = int(variant["k"]), float(variant["temperature"])
-        scores = knn_classify(data["train"], data["train_labels"], data["test"], k, temperature,
-                              data["num_classes"])
+        scores = vote(similarities[:, :k], neighbours[:, :k], data["train_labels"], temperature,
+                      data["num_classes"])
         accuracy = topk_accuracy(scores, data["test_labels"], ks=(1, 5))
         name = variant_name(k, temperature)
         metrics[f"top1_{name}"], metrics[f"top5_{name}"] = accuracy[1], accuracy[5]

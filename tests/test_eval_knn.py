@@ -109,5 +109,21 @@ def test_unknown_setting_and_bad_variant_are_errors():
         knn.evaluate(features, {"neighbours": 5}, seed=0)
     with pytest.raises(ValueError, match="'k' and 'temperature'"):
         knn.evaluate(features, {"variants": [{"k": 5}]}, seed=0)
+    with pytest.raises(ValueError, match="variants` is empty"):
+        knn.evaluate(features, {"variants": []}, seed=0)
+    with pytest.raises(ValueError, match="temperature > 0"):
+        knn.evaluate(features, {"variants": [{"k": 5, "temperature": 0.0}]}, seed=0)
     with pytest.raises(ValueError, match="missing key"):
         knn.evaluate({"train": features["train"]}, {}, seed=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_search_at_the_largest_k_scores_every_variant_as_its_own_search(seed):
+    train, labels, test, c = random_problem(seed, n_train=500, n_test=200)
+    test_labels = np.random.default_rng(seed + 10).integers(0, c, len(test))
+    variants = [{"k": 3, "temperature": 0.05}, {"k": 200, "temperature": 0.1}, {"k": 20, "temperature": 0.07}]
+    metrics, _ = knn.evaluate(feature_dict(train, labels, test, test_labels, c), {"variants": variants}, seed=0)
+    for v in variants:
+        alone = knn.knn_classify(train, labels, test, v["k"], v["temperature"], c)
+        name = knn.variant_name(v["k"], v["temperature"])
+        assert metrics[f"top1_{name}"] == float(np.mean(alone.argmax(axis=1) == test_labels))
