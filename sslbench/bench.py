@@ -305,8 +305,10 @@ class BareLoop:
                                         small_stem=cfg["backbone"].get("small_stem", False)).to(trainer.device)
         if trainer.on_cuda and trainer.train_cfg.get("channels_last", True):
             self.backbone.to(memory_format=torch.channels_last)
+        if trainer.train_cfg.get("compile", False):
+            self.backbone.compile()  # as the trainer's: like against like
         self.backbone.train()
-        self.optimizer = make_optimizer(list(self.backbone.parameters()), trainer.train_cfg)
+        self.optimizer = make_optimizer(list(self.backbone.parameters()), trainer.train_cfg, trainer.device)
         self.trainer = trainer
 
     def forward_backward(self, views: list[torch.Tensor]) -> torch.Tensor:

@@ -84,13 +84,21 @@ def normalisation(data: Dataset) -> tuple[list[float], list[float]]:
     return dataset_stats(data.channels, data.train.images)
 
 
-def make_optimizer(params, train: dict) -> torch.optim.Optimizer:
+def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
+    """``train.fused_optimizer``: auto = fused on CUDA only (on the CPU the default for-each update
+    keeps runs bit-identical to earlier ones); true / false force it."""
+    fused = train.get("fused_optimizer", "auto")
+    return device.type == "cuda" if fused == "auto" else bool(fused)
+
+
+def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
     name = train["optimizer"]
+    fused = {"fused": True} if uses_fused_optimizer(train, torch.device(device)) else {}
     if name == "sgd":
         return torch.optim.SGD(params, lr=train["lr"], momentum=train["momentum"],
-                               weight_decay=train["weight_decay"])
+                               weight_decay=train["weight_decay"], **fused)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"])
+        return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
     raise ValueError(f"config key `train.optimizer`: unknown optimiser {name!r}; known: sgd, adamw")
 
 
@@ -139,6 +147,10 @@ class Trainer:
         self.on_cuda = self.device.type == "cuda"
         if self.on_cuda and self.train_cfg.get("channels_last", True):
             self.method.to(memory_format=torch.channels_last)
+        if self.train_cfg.get("compile", False):
+            # In place (nn.Module.compile): parameter names, hence checkpoints, stay as they are.
+            # Only the trained backbone: momentum encoders and heads are small or gradient-free.
+            self.method.backbone.compile()
         self.images = batch_source(self.data.train, self.device, self.train_cfg.get("workers", 4))
         self.labels = self.data.train.labels.to(self.device)
         self.batch_size = int(self.train_cfg["batch_size"])
@@ -153,7 +165,7 @@ class Trainer:
         self.local_batch = self.batch_size // self.world
         self.steps_per_epoch = len(self.labels) // self.batch_size  # drop_last: fixed-size batches (queues)
         params = [p for p in self.method.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(params, self.train_cfg) if params else None
+        self.optimizer = make_optimizer(params, self.train_cfg, self.device) if params else None
         self.loss_fn = _TrainingLoss(self.method)
         if self.world > 1 and params:
             from torch.nn.parallel import DistributedDataParallel
@@ -186,6 +198,13 @@ class Trainer:
                 outputs.append(fn(x).float())
         self.method.train(was_training)
         return dist.gather_uneven(torch.cat(outputs))
+
+    def fast_paths(self) -> dict[str, bool]:
+        """Which speed switches this run actually used (they depend on the device, not just the config)."""
+        return {"bf16_autocast": self.on_cuda and bool(self.train_cfg.get("amp", True)),
+                "channels_last": self.on_cuda and bool(self.train_cfg.get("channels_last", True)),
+                "fused_optimizer": self.optimizer is not None and uses_fused_optimizer(self.train_cfg, self.device),
+                "compiled_backbone": bool(self.train_cfg.get("compile", False))}
 
     def _autocast(self):
         enabled = self.on_cuda and self.train_cfg.get("amp", True)
@@ -338,6 +357,7 @@ class Trainer:
             "images_per_s": (sum(r["images_per_s"] for r in self.log_rows) / len(self.log_rows)
                              if self.log_rows else None),
             "peak_gpu_memory_bytes": peak,
+            "fast_paths": self.fast_paths(),
             **provenance(self.device),
         }
         path = self.out_dir / "checkpoint.pt"

@@ -1,9 +1,11 @@
 import math
+import shutil
 
 import pytest
 import torch
 
-from sslbench.engine import Trainer, TrainingDiverged, learning_rate, pretrain
+from sslbench.engine import (Trainer, TrainingDiverged, learning_rate, make_optimizer, pretrain,
+                             uses_fused_optimizer)
 from conftest import METHODS_DIR
 
 
@@ -153,3 +155,63 @@ def test_folder_dataset_trains_through_dataloader_workers(tmp_path, method_confi
     idx = [torch.tensor([5, 0, 7])]
     batch = next(trainer.images.iterate(idx))
     assert torch.equal(batch, trainer.data.train.load(idx[0]))
+
+
+# --- fast paths: fused optimiser, torch.compile -----------------------------------------------
+
+def test_fused_optimizer_is_cuda_only_by_default_and_can_be_forced():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not uses_fused_optimizer({}, cpu) and uses_fused_optimizer({"fused_optimizer": "auto"}, cuda)
+    assert uses_fused_optimizer({"fused_optimizer": True}, cpu)
+    assert not uses_fused_optimizer({"fused_optimizer": False}, cuda)
+    train = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0}
+    params = [torch.nn.Parameter(torch.ones(3))]
+    assert make_optimizer(params, {**train, "fused_optimizer": True}, cpu).defaults["fused"] is True
+    assert not make_optimizer(params, train, cpu).defaults.get("fused")
+    adamw = make_optimizer(params, {**train, "optimizer": "adamw", "fused_optimizer": True}, cpu)
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["fused"] is True
+
+
+def meta_and_encoder(path):
+    ckpt = torch.load(path, weights_only=False)
+    return ckpt["meta"], ckpt["encoder"]
+
+
+def assert_close_state(a, b, rtol, atol):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=rtol, atol=atol, msg=key)
+
+
+def test_fused_sgd_trains_as_the_default_update_does(tmp_path, method_config):
+    # The same update in other kernels: the runs part only by rounding, and the checkpoint says which ran.
+    default_meta, default = meta_and_encoder(pretrain(METHODS_DIR / "simclr", method_config("simclr"), 0,
+                                                      tmp_path / "default", progress=False))
+    cfg = method_config("simclr", train={"fused_optimizer": True})
+    fused_meta, fused = meta_and_encoder(pretrain(METHODS_DIR / "simclr", cfg, 0, tmp_path / "fused", progress=False))
+    assert default_meta["fast_paths"] == {"bf16_autocast": False, "channels_last": False,
+                                          "fused_optimizer": False, "compiled_backbone": False}
+    assert fused_meta["fast_paths"]["fused_optimizer"] is True
+    assert_close_state(default, fused, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler")
+def test_compiled_backbone_steps_as_the_eager_one_and_keeps_checkpoint_names(tmp_path, method_config):
+    eager = Trainer(METHODS_DIR / "simclr", method_config("simclr"), 0, tmp_path / "eager", progress=False)
+    compiled = Trainer(METHODS_DIR / "simclr", method_config("simclr", train={"compile": True}), 0,
+                       tmp_path / "compiled", progress=False)
+    assert compiled.method.backbone._compiled_call_impl is not None  # nn.Module.compile took effect
+    assert eager.method.backbone._compiled_call_impl is None
+    ctx = {t: t._context() for t in (eager, compiled)}
+    # The same views through both for a few steps. Only a few: SimCLR on this tiny set amplifies
+    # rounding ~10x per step after five or so, so whole runs part however faithful the compiled graph is.
+    for step in range(3):
+        idx = torch.arange(step * 64, (step + 1) * 64)
+        views = eager._views(eager.data.train.images[idx], torch.Generator().manual_seed(step))
+        losses = [t.train_step([v.clone() for v in views], idx, 0.06, ctx[t]) for t in (eager, compiled)]
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    for (name, a), (_, b) in zip(eager.method.named_parameters(), compiled.method.named_parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=name)
+    meta, state = meta_and_encoder(compiled._save_final(0.0))
+    assert meta["fast_paths"]["compiled_backbone"] is True
+    assert state.keys() == eager.method.encoder().state_dict().keys()  # no _orig_mod. prefixes
