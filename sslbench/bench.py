@@ -412,8 +412,10 @@ def step_rows(name: str, trainer, pairs, hooks: list[float]) -> list[dict]:
     method_model = [m[1] for m, _ in pairs]
     bare_model = [b[1] for _, b in pairs]
     with_views = [(m[0] + m[1]) / (b[0] + b[1]) for m, b in pairs]
+    images = trainer.batch_size * trainer.method.num_views
     shape = (f"batch {trainer.batch_size} x {trainer.method.num_views} view(s), "
-             f"{trainer.cfg['backbone']['name']}, {trainer.train_cfg['optimizer']}")
+             f"{trainer.cfg['backbone']['name']} at {trainer.data.image_size}px, {trainer.train_cfg['optimizer']}; "
+             f"images/s: method {images / median(method_model):.0f}, bare {images / median(bare_model):.0f}")
     rows = [
         row("step", name, median(method_model), "s/step", reference=median(bare_model),
             ratio=median(m / b for m, b in zip(method_model, bare_model)), ratio_is="method step / bare step",
@@ -594,27 +596,30 @@ def bench_sinkhorn(bench: Bench) -> list[dict]:
     import warnings
 
     from .clustering import _sinkhorn_log_scalings, sinkhorn
+    from .distributed import select_device
 
     s, settings = bench.sizes, sela_settings(bench.config)
     generator = torch.Generator().manual_seed(bench.seed + 2)
     logits = torch.randn(s.sinkhorn_points, s.sinkhorn_clusters, generator=generator, dtype=torch.float64)
-    probs = torch.softmax(logits, dim=1)
+    probs = torch.softmax(logits.to(select_device(bench.device)), dim=1)  # on the device SeLa trains on
     del logits
+    device = probs.device
     # One run: there is no rival to interleave with (at 50k x 3000 the arrays take ~2.4 GB).
-    seconds, (_, iterations) = timed(lambda: sinkhorn(probs, settings["lam"], tol=settings["tol"],
-                                                      max_iters=settings["max_iters"], return_iters=True))
-    full_pass = min(timed(lambda: torch.exp(probs))[0] for _ in range(3))
+    seconds, (_, iterations) = timed(lambda: (sinkhorn(probs, settings["lam"], tol=settings["tol"],
+                                                       max_iters=settings["max_iters"], return_iters=True),
+                                              sync(device))[0])
+    full_pass = min(timed(lambda: (torch.exp(probs), sync(device)))[0] for _ in range(3))
     # The log-domain form (the fallback) on the same kernel, a few iterations: seconds per iteration.
     log_kernel = settings["lam"] * probs.log()
     log_iterations = min(3, iterations)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # tol 0: it runs out of iterations on purpose
-        log_seconds, _ = timed(lambda: _sinkhorn_log_scalings(log_kernel, 0.0, log_iterations))
+        log_seconds, _ = timed(lambda: (_sinkhorn_log_scalings(log_kernel, 0.0, log_iterations), sync(device)))
     del log_kernel
     per_iteration, log_per_iteration = seconds / iterations, log_seconds / log_iterations
     name = f"{s.sinkhorn_points}x{s.sinkhorn_clusters}"
     notes = (f"SeLa's settings: lam {settings['lam']:g}, tol {settings['tol']:g}, max_iters "
-             f"{settings['max_iters']}; probs = softmax of standard normal logits, float64")
+             f"{settings['max_iters']}; probs = softmax of standard normal logits, float64, on {device}")
     return [
         row("sinkhorn", f"{name} seconds", seconds, "s", reference=full_pass,
             ratio=per_iteration / full_pass, ratio_is="one iteration / one exp over the N x K matrix",
