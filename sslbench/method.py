@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -96,6 +97,14 @@ class Method(nn.Module):
 
 
 REQUIRED_HOOKS = ("training_loss",)
+
+
+def embed_views(backbone: nn.Module, projector: nn.Module, views: list[torch.Tensor]) -> torch.Tensor:
+    """[B, V, D]: the L2-normalised projection of each of the V views of B images. The views go
+    through the network as one concatenated batch, so batch-norm statistics span all of them, as in
+    SimCLR's and SupContrast's code (and one large forward is faster than V small ones)."""
+    z = F.normalize(projector(backbone(torch.cat(views))), dim=1)  # [V*B, D], view-major
+    return z.view(len(views), -1, z.shape[1]).transpose(0, 1)
 
 
 def projection_mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int = 2) -> nn.Sequential:

@@ -69,8 +69,10 @@ def check_version(cfg: dict) -> None:
 # --- split batch norm ----------------------------------------------------------------------
 
 class SplitBatchNorm2d(nn.BatchNorm2d):
-    """BatchNorm2d that, in training, normalises ``num_splits`` contiguous sub-batches with their
-    own statistics (one call: the sub-batches become channel groups). The running statistics
+    """BatchNorm2d that, in training, normalises ``num_splits`` sub-batches with their own
+    statistics: sub-batch j holds samples j, j + s, j + 2s, ... (as moco's CIFAR demo: viewing
+    [n, c, h, w] as [n/s, s*c, h, w] makes the sub-batches channel groups without a copy; the
+    batches are shuffled, so any fixed split is a random one). The running statistics
     move towards the mean of the sub-batches' statistics. In eval mode it is plain BatchNorm2d,
     and its state dict is BatchNorm2d's, so a trained backbone loads into an unmodified one."""
 
@@ -93,8 +95,8 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
             self.num_batches_tracked.add_(1)
             if self.momentum is None:  # cumulative average, as nn.BatchNorm2d
                 factor = 1.0 / float(self.num_batches_tracked)
-        # [n, c, h, w] -> [n/s, s*c, h, w]: channel group j holds sub-batch j.
-        grouped = x.reshape(s, n // s, c, h, w).transpose(0, 1).reshape(n // s, s * c, h, w)
+        # [n, c, h, w] -> [n/s, s*c, h, w], a view of contiguous x: channel group j = samples j (mod s).
+        grouped = x.reshape(n // s, s * c, h, w)
         running_mean = self.running_mean.repeat(s) if self.track_running_stats else None
         running_var = self.running_var.repeat(s) if self.track_running_stats else None
         out = F.batch_norm(
@@ -106,7 +108,7 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
             with torch.no_grad():
                 self.running_mean.copy_(running_mean.view(s, c).mean(0))
                 self.running_var.copy_(running_var.view(s, c).mean(0))
-        return out.reshape(n // s, s, c, h, w).transpose(0, 1).reshape(n, c, h, w)
+        return out.reshape(n, c, h, w)
 
 
 def use_split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:

@@ -8,6 +8,7 @@ from torch import nn
 
 from sslbench.engine import Trainer, build_method, load_data
 from sslbench.losses import supcon
+from sslbench.method import embed_views
 from conftest import fixed_batch_losses, METHODS_DIR, tiny_suite_config
 
 
@@ -40,12 +41,30 @@ def test_loss_is_supcon_on_projected_features(method_config, digits):
     method = build(method_config, digits)
     views, labels, idx = batch()
     loss = method.training_loss(views, labels, idx)
-    z = torch.stack([F.normalize(method.projector(method.backbone(v)), dim=1) for v in views], dim=1)
-    expected = supcon(z, labels, temperature=0.1, base_temperature=0.07)
+    z = F.normalize(method.projector(method.backbone(torch.cat(views))), dim=1)  # SupContrast: cat, then forward
+    expected = supcon(torch.stack(z.chunk(2), dim=1), labels, temperature=0.1, base_temperature=0.07)
     torch.testing.assert_close(loss, expected)
     # The labels matter: shuffled labels give another loss.
     other = method.training_loss(views, labels.roll(1), idx)
     assert not torch.isclose(other, loss)
+
+
+@pytest.mark.parametrize("name", ["supcon", "simclr"])
+def test_both_views_share_one_batch_norm_batch(method_config, digits, name):
+    # main_supcon.py forwards cat([view 1, view 2]): in training, batch norm normalises over both views,
+    # which one forward per view would not; in evaluation (running statistics) the two agree.
+    method = build(method_config, digits, name=name)
+    views, _, _ = batch()
+
+    def per_view():
+        return torch.stack([F.normalize(method.projector(method.backbone(v)), dim=1) for v in views], dim=1)
+
+    with torch.no_grad():
+        joint = embed_views(method.backbone, method.projector, views)
+        assert joint.shape == (12, 2, method.projector[-1].out_features)
+        assert not torch.allclose(joint, per_view(), atol=1e-3)
+        method.eval()
+        torch.testing.assert_close(embed_views(method.backbone, method.projector, views), per_view())
 
 
 def test_distinct_labels_equal_simclr_nt_xent(method_config, digits):

@@ -1,17 +1,14 @@
 """SupCon (Khosla et al., 2020): supervised contrastive learning on two views.
 
-    z_i = normalize(g(f(aug_i(x))))           for the two views i = 1, 2
+    z_i = normalize(g(f(aug_i(x))))           for the two views i = 1, 2 (one concatenated batch)
     loss = SupCon([z_1, z_2], y; T, T_base)    # positives: every other view of the same class
 
 f is the backbone (evaluated), g the 'mlp' head of SupContrast's resnet_big.py
 (Linear(d, d) - ReLU - Linear(d, 128)). The classifier stage of the paper is our
 linear protocol, run on f's features.
 """
-import torch
-import torch.nn.functional as F
-
 from sslbench.losses import supcon
-from sslbench.method import Method, projection_mlp
+from sslbench.method import Method, embed_views, projection_mlp
 
 
 class SupCon(Method):
@@ -25,12 +22,8 @@ class SupCon(Method):
         self.temperature = p["temperature"]
         self.base_temperature = p["base_temperature"]
 
-    def embed(self, views: list[torch.Tensor]) -> torch.Tensor:
-        """[B, V, D]: the L2-normalised projection of every view."""
-        return torch.stack([F.normalize(self.projector(self.backbone(v)), dim=1) for v in views], dim=1)
-
     def training_loss(self, views, labels, indices):
         if labels is None:
             raise ValueError("SupCon needs the class labels of the batch (needs_labels = True); got labels=None")
-        return supcon(self.embed(views), labels, temperature=self.temperature,
+        return supcon(embed_views(self.backbone, self.projector, views), labels, temperature=self.temperature,
                       base_temperature=self.base_temperature)
