@@ -57,7 +57,8 @@ def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed:
     result = {
         "dataset": meta["dataset"], "method": meta["method"], "seed": meta["seed"], "protocol": protocol,
         "metrics": {k: float(v) for k, v in metrics.items()}, "settings": used, "wall_time_s": wall,
-        "run": meta, "cfg": cfg, "evaluated_with": provenance("cpu"),
+        # Protocols that run torch record their device in `used`; the rest (numpy, faiss) run on the CPU.
+        "run": meta, "cfg": cfg, "evaluated_with": provenance(used.get("device") or "cpu"),
     }
     return io.write_json(out_path, result)
 

@@ -118,6 +118,16 @@ def test_run_protocol_paper_mode_writes_a_result_above_chance(checkpoint, tmp_pa
     assert used["ignored_settings"] == ["val_fraction", "weight_decay_grid"]
     assert (used["epochs"], used["lr"], used["momentum"], used["milestones"]) == (10, 3.0, 0.9, [8])
     assert used["view_config"]["crop_scale"] == [0.5, 1.0] and used["view_config"]["jitter_p"] == 0.0
+    assert result["evaluated_with"]["device"].startswith("cpu") and used["device"] == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_run_protocol_records_the_gpu_it_fine_tuned_on(checkpoint, tmp_path):
+    features = extract(checkpoint, tmp_path / "features.npz", device="cpu")
+    settings = {**LEARNS, "device": "cuda"}
+    result = read_result(run_protocol("linear", features, settings, 0, tmp_path / "linear.json",
+                                      checkpoint_path=checkpoint))
+    assert result["evaluated_with"]["device"] == torch.cuda.get_device_name(0)
 
 
 def test_same_seed_same_numbers(checkpoint):
