@@ -56,7 +56,7 @@ CONFIG_DIR = REPO / "config"
 SECTIONS = ("step", "views", "knn", "kmeans", "sinkhorn", "memory", "dag")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "dag")  # dag takes minutes: only when asked
 COLUMNS = ["section", "name", "value", "unit", "reference", "ratio", "ratio_is", "target", "meets_target",
-           "notes", "device", "torch_threads", "omp_wait_policy", "load_1min", "git_commit", "quick"]
+           "notes", "device", "torch_threads", "omp_wait_policy", "malloc", "load_1min", "git_commit", "quick"]
 
 # Targets of issue 7, on the ratio column.
 STEP_TARGET = ("<=", 1.10)      # method step / bare step
@@ -124,12 +124,15 @@ class Bench:
 def run_bench(out_csv: str | Path = "results/bench.csv", sections: Iterable[str] = DEFAULT_SECTIONS,
               quick: bool = False, config: str | Path | dict | None = None, *, threads: int | None = None,
               methods: list[str] | None = None, device: str = "auto", sizes: Sizes | None = None,
-              repeats: Repeats | None = None, seed: int = 0, verbose: bool = True) -> pd.DataFrame:
+              repeats: Repeats | None = None, seed: int = 0, verbose: bool = True,
+              pin_malloc: bool = False) -> pd.DataFrame:
     """Run the benchmark sections, write ``out_csv`` atomically, print a table; return the rows.
 
     config: None (config/default.yaml), a preset YAML merged over it (as ``--configfile``), or a
     full config dict. methods: a subset of the config's methods (default: all that have a
     method.py). threads: torch, BLAS, OpenMP and faiss threads (default: every usable core).
+    pin_malloc: pin glibc's allocation thresholds for the rest of this process (``sslbench bench``
+    does; see pin_malloc_thresholds).
     """
     sections = check_sections(sections)
     cfg, config_files = load_bench_config(config)
@@ -137,6 +140,7 @@ def run_bench(out_csv: str | Path = "results/bench.csv", sections: Iterable[str]
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     sizes = sizes or (Sizes().quick() if quick else Sizes())
+    malloc = pin_malloc_thresholds() if pin_malloc else "default"
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="sslbench-bench-") as tmp, thread_limits(threads):
         bench = Bench(cfg, config_files, bench_methods(cfg, methods), sizes, repeats or Repeats.for_mode(quick),
@@ -145,12 +149,30 @@ def run_bench(out_csv: str | Path = "results/bench.csv", sections: Iterable[str]
             if verbose:
                 print(f"[sslbench bench] {section} ...", flush=True)
             rows += SECTION_RUNNERS[section](bench)
-    frame = to_frame(rows, bench)
+    frame = to_frame(rows, bench).assign(malloc=malloc)
     io.write_text(out_csv, frame.to_csv(index=False))
     if verbose:
         print(format_table(frame))
         print(f"[sslbench bench] {len(frame)} rows -> {out_csv}")
     return frame
+
+
+def pin_malloc_thresholds() -> str:
+    """glibc raises its mmap threshold only as large blocks get freed, so the first loops timed in a
+    process allocate through page-faulting mmap and later ones do not: measured here, the first
+    method's bare loop ran ~10% slower than the same loop timed later. Pinning the mmap and trim
+    thresholds puts every section on the same footing. Returns what was done (the `malloc` column)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return "default (not glibc)"
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    if mallopt(m_mmap_threshold, 1 << 30) == 1 and mallopt(m_trim_threshold, 1 << 30) == 1:
+        return "glibc mmap and trim thresholds pinned at 1 GiB"
+    return "default (mallopt refused)"
 
 
 def check_sections(sections: Iterable[str]) -> list[str]:
@@ -257,7 +279,8 @@ def format_table(frame: pd.DataFrame) -> str:
                                                                 ("yes" if m else "NO")))
     first = frame.iloc[0] if len(frame) else None
     header = (f"device {first['device']}, {first['torch_threads']} threads, OMP_WAIT_POLICY "
-              f"{first['omp_wait_policy']}, commit {first['git_commit']}\n") if first is not None else ""
+              f"{first['omp_wait_policy']}, malloc {first['malloc']}, commit {first['git_commit']}\n"
+              ) if first is not None else ""
     return header + shown.to_string(index=False)
 
 

@@ -58,7 +58,8 @@ def cmd_bench(args) -> None:
     from .bench import DEFAULT_SECTIONS, run_bench
 
     run_bench(args.out, sections=args.sections or list(DEFAULT_SECTIONS), quick=args.quick, config=args.config,
-              threads=args.threads, methods=args.methods, device=args.device, verbose=not args.quiet)
+              threads=args.threads, methods=args.methods, device=args.device, verbose=not args.quiet,
+              pin_malloc=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,3 +158,15 @@ def test_bad_input_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="no_such.yaml"):
         run_bench(tmp_path / "b.csv", sections=["knn"], config=tmp_path / "no_such.yaml", verbose=False)
     assert not (tmp_path / "b.csv").exists()
+
+
+def test_the_cli_pins_glibcs_malloc_thresholds_and_says_so(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    out = tmp_path / "bench.csv"
+    done = subprocess.run([sys.executable, "-m", "sslbench.cli", "bench", "--sections", "sinkhorn", "--quick",
+                           "--out", str(out), "--quiet"], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert set(pd.read_csv(out)["malloc"]) == {"glibc mmap and trim thresholds pinned at 1 GiB"}
