@@ -326,9 +326,9 @@ class BareLoop:
         torch.manual_seed(trainer.seed)  # as build_method: the same initial weights
         self.backbone = create_backbone(cfg["backbone"]["name"], in_chans=trainer.data.channels,
                                         small_stem=cfg["backbone"].get("small_stem", False)).to(trainer.device)
-        if trainer.on_cuda and trainer.train_cfg.get("channels_last", True):
+        if trainer.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
-        if trainer.train_cfg.get("compile", False):
+        if trainer.compile_backbone:
             self.backbone.compile()  # as the trainer's: like against like
         self.backbone.train()
         self.optimizer = make_optimizer(list(self.backbone.parameters()), trainer.train_cfg, trainer.device)

@@ -234,8 +234,9 @@ def sinkhorn(
     underflows, and scaled by matrix-vector products (two passes over N x K
     per iteration, as SeLa's code). Where that would lose mass to float64
     underflow (a column with no entry above 1e-250) or a scaling overflows,
-    the same iterations run in the log domain (logsumexp, ~30x slower per
-    iteration, never underflows). The work is in float64: in float32 the
+    Sinkhorn runs in the log domain instead (logsumexp: ~18x slower per
+    iteration at 50k x 3000, never underflows); both converge to the same
+    unique plan. The work is in float64: in float32 the
     rounding of lam * log P alone exceeds tol = 1e-6. Peak memory is two
     N x K float64 arrays (four in the log domain). Entries of probs equal to
     0 count as the smallest positive float64. The plan comes back in probs'

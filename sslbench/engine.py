@@ -145,9 +145,13 @@ class Trainer:
         self.augment = ViewAugment(size, channels, mean, std, views).to(self.device)
         self.eval_transform = EvalTransform(size, channels, mean, std).to(self.device)
         self.on_cuda = self.device.type == "cuda"
-        if self.on_cuda and self.train_cfg.get("channels_last", True):
+        # The speed switches this run uses: decided once, from the config and the device.
+        self.amp = self.on_cuda and bool(self.train_cfg.get("amp", True))
+        self.channels_last = self.on_cuda and bool(self.train_cfg.get("channels_last", True))
+        self.compile_backbone = bool(self.train_cfg.get("compile", False))
+        if self.channels_last:
             self.method.to(memory_format=torch.channels_last)
-        if self.train_cfg.get("compile", False):
+        if self.compile_backbone:
             # In place (nn.Module.compile): parameter names, hence checkpoints, stay as they are.
             # Only the trained backbone: momentum encoders and heads are small or gradient-free.
             self.method.backbone.compile()
@@ -178,7 +182,7 @@ class Trainer:
     # --- data -------------------------------------------------------------------------------
     def _views(self, images: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
         views = [self.augment(images, generator) for _ in range(self.method.num_views)]
-        if self.on_cuda and self.train_cfg.get("channels_last", True):
+        if self.channels_last:
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
         return views
 
@@ -201,14 +205,12 @@ class Trainer:
 
     def fast_paths(self) -> dict[str, bool]:
         """Which speed switches this run actually used (they depend on the device, not just the config)."""
-        return {"bf16_autocast": self.on_cuda and bool(self.train_cfg.get("amp", True)),
-                "channels_last": self.on_cuda and bool(self.train_cfg.get("channels_last", True)),
-                "fused_optimizer": self.optimizer is not None and uses_fused_optimizer(self.train_cfg, self.device),
-                "compiled_backbone": bool(self.train_cfg.get("compile", False))}
+        return {"bf16_autocast": self.amp, "channels_last": self.channels_last,
+                "fused_optimizer": bool(self.optimizer is not None and self.optimizer.defaults.get("fused")),
+                "compiled_backbone": self.compile_backbone}
 
     def _autocast(self):
-        enabled = self.on_cuda and self.train_cfg.get("amp", True)
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
 
     def _context(self) -> EpochContext:
         return EpochContext(epoch=self.state.epoch, num_epochs=self.train_cfg["epochs"], step=self.state.step,
