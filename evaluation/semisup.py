@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sslbench import io
+from sslbench import atomic
 from sslbench.augment import EvalTransform, ViewAugment, view_config
 from sslbench.data import Dataset, ImageSet
 from sslbench.distributed import select_device
@@ -131,7 +131,7 @@ def sha256_of(path: str | Path) -> str:
 
 def write_subset(path: str | Path, indices: np.ndarray) -> str:
     """One index per line, atomically; returns the written file's sha256."""
-    io.write_text(path, "".join(f"{int(i)}\n" for i in indices))
+    atomic.write_text(path, "".join(f"{int(i)}\n" for i in indices))
     return sha256_of(path)
 
 

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import io
+from . import atomic
 from .config import (ConfigError, deep_merge, discover_methods, load_yaml, resolve_method_config,
                      selected_methods, validate_config)
 
@@ -150,7 +150,7 @@ def run_bench(out_csv: str | Path = "results/bench.csv", sections: Iterable[str]
                 print(f"[sslbench bench] {section} ...", flush=True)
             rows += SECTION_RUNNERS[section](bench)
     frame = to_frame(rows, bench).assign(malloc=malloc)
-    io.write_text(out_csv, frame.to_csv(index=False))
+    atomic.write_text(out_csv, frame.to_csv(index=False))
     if verbose:
         print(format_table(frame))
         print(f"[sslbench bench] {len(frame)} rows -> {out_csv}")
@@ -311,7 +311,7 @@ def median(values) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# step and views: the engine's own pieces (Trainer._views, loss_fn, optimizer, hooks)
+# step and views: the engine's own pieces (Trainer.make_views, loss_fn, optimizer, hooks)
 
 
 class BareLoop:
@@ -335,7 +335,7 @@ class BareLoop:
         self.trainer = trainer
 
     def forward_backward(self, views: list[torch.Tensor]) -> torch.Tensor:
-        with self.trainer._autocast():  # every view in one forward: the fastest way through the backbone
+        with self.trainer.autocast():  # every view in one forward: the fastest way through the backbone
             loss = self.backbone(torch.cat(views)).float().mean()
         loss.backward()
         return loss
@@ -365,11 +365,11 @@ def batch(trainer, round_index: int, seed: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def make_views(trainer, images: torch.Tensor, round_index: int, seed: int) -> tuple[float, list[torch.Tensor]]:
-    """(seconds, views): Trainer._views with a generator seeded per round (identical for A and B)."""
+    """(seconds, views): Trainer.make_views with a generator seeded per round (identical for A and B)."""
     generator = torch.Generator().manual_seed(seed * 104_729 + round_index + 2_000)
 
     def draw():
-        views = trainer._views(images, generator)
+        views = trainer.make_views(images, generator)
         sync(trainer.device)
         return views
 
@@ -398,7 +398,7 @@ def walk_hooks(trainer, budget_s: float) -> list[float]:
     for epoch in range(int(trainer.train_cfg["epochs"])):
         trainer.state.epoch, trainer.state.step = epoch, epoch * trainer.steps_per_epoch
         epoch_generators(trainer.seed, epoch, trainer.rank)  # re-seeds the global RNG, as train_epoch does
-        ctx = trainer._context()
+        ctx = trainer.epoch_context()
         seconds.append(timed(lambda: (trainer.method.on_epoch_start(ctx), sync(trainer.device)))[0])
         if sum(seconds) >= budget_s:
             break
@@ -413,7 +413,7 @@ def bench_step(bench: Bench) -> list[dict]:
             rows.append(row("step", name, None, "s/step", notes="no trainable parameters: never trained"))
             continue
         hooks = walk_hooks(trainer, bench.repeats.hook_budget_s)
-        ctx = trainer._context()
+        ctx = trainer.epoch_context()
         bare = BareLoop(trainer)
 
         def round_of(step):

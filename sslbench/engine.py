@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from . import distributed as dist
-from . import io
+from . import atomic
 from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
 from .backbones import create_backbone
 from .batches import batch_source
@@ -180,7 +180,7 @@ class Trainer:
         self.log_rows: list[dict] = []
 
     # --- data -------------------------------------------------------------------------------
-    def _views(self, images: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
+    def make_views(self, images: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
         views = [self.augment(images, generator) for _ in range(self.method.num_views)]
         if self.channels_last:
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
@@ -198,7 +198,7 @@ class Trainer:
         outputs = []
         for images in self.images.iterate(list(mine.split(1024))):
             x = self.eval_transform(images)
-            with self._autocast():
+            with self.autocast():
                 outputs.append(fn(x).float())
         self.method.train(was_training)
         return dist.gather_uneven(torch.cat(outputs))
@@ -209,10 +209,10 @@ class Trainer:
                 "fused_optimizer": bool(self.optimizer is not None and self.optimizer.defaults.get("fused")),
                 "compiled_backbone": self.compile_backbone}
 
-    def _autocast(self):
+    def autocast(self):
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
 
-    def _context(self) -> EpochContext:
+    def epoch_context(self) -> EpochContext:
         return EpochContext(epoch=self.state.epoch, num_epochs=self.train_cfg["epochs"], step=self.state.step,
                             steps_per_epoch=self.steps_per_epoch, device=self.device,
                             forward_train_set=self.forward_train_set)
@@ -230,7 +230,7 @@ class Trainer:
         if not dist.is_main():
             return
         folder = self.out_dir / CHECKPOINT_DIR
-        io.save_torch(folder / f"epoch_{self.state.epoch:04d}.pt", self._checkpoint())
+        atomic.save_torch(folder / f"epoch_{self.state.epoch:04d}.pt", self._checkpoint())
         for old in sorted(folder.glob("epoch_*.pt"))[:-KEEP_CHECKPOINTS]:
             old.unlink()
 
@@ -273,7 +273,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         labels = self.labels[idx] if self.method.needs_labels else None
-        with self._autocast():
+        with self.autocast():
             loss = self.loss_fn(views, labels, idx)
         value = self._check_finite(loss, batch)
         self.optimizer.zero_grad(set_to_none=True)
@@ -288,7 +288,7 @@ class Trainer:
         epoch = self.state.epoch
         order_gen, view_gen = epoch_generators(self.seed, epoch, self.rank)
         self.method.train()
-        ctx = self._context()
+        ctx = self.epoch_context()
         t0 = time.perf_counter()
         self.method.on_epoch_start(ctx)
         hook_seconds = time.perf_counter() - t0
@@ -304,7 +304,7 @@ class Trainer:
         for batch, images in zip(bar, image_batches):
             idx = index_batches[batch].to(self.device)
             lr = learning_rate(self.train_cfg, self.state.step, self.steps_per_epoch)
-            value = self.train_step(self._views(images, view_gen), idx, lr, ctx, batch)
+            value = self.train_step(self.make_views(images, view_gen), idx, lr, ctx, batch)
             total += value
             seen += len(idx) * self.world
             bar.set_postfix(loss=f"{value:.4f}")
@@ -343,7 +343,7 @@ class Trainer:
 
         columns = ["epoch", "loss", "lr", "images_per_s", "seconds", "hook_seconds"]
         frame = pd.DataFrame(self.log_rows, columns=None if self.log_rows else columns)
-        io.write_text(self.out_dir / "train_log.csv", frame.to_csv(index=False))
+        atomic.write_text(self.out_dir / "train_log.csv", frame.to_csv(index=False))
 
     def _save_final(self, wall_time: float) -> Path:
         peak = torch.cuda.max_memory_allocated(self.device) if self.on_cuda else None
@@ -368,8 +368,8 @@ class Trainer:
         ckpt = {"encoder": self.method.encoder().state_dict(), "method_state": self.method.state_dict(),
                 "cfg": self.cfg, "seed": self.seed, "meta": meta,
                 "normalisation": {"mean": self.mean, "std": self.std}}
-        io.save_torch(path, ckpt)
-        io.write_json(self.out_dir / "run.json", {"cfg": self.cfg, "meta": meta})
+        atomic.save_torch(path, ckpt)
+        atomic.write_json(self.out_dir / "run.json", {"cfg": self.cfg, "meta": meta})
         return path
 
 

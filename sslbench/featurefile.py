@@ -2,20 +2,20 @@
 JSON), so that protocols on cached features load it without importing torch."""
 from __future__ import annotations
 
-import io as _bytes_io
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 
-from . import io
+from . import atomic
 
 
 def save_features(path: str | Path, features: dict) -> Path:
     arrays = {k: np.asarray(v) for k, v in features.items() if k != "meta"}
-    buffer = _bytes_io.BytesIO()
+    buffer = io.BytesIO()
     np.savez(buffer, meta_json=np.array(json.dumps(features["meta"])), **arrays)
-    return io.write_bytes(path, buffer.getvalue())
+    return atomic.write_bytes(path, buffer.getvalue())
 
 
 def load_features(path: str | Path) -> dict:

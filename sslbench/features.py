@@ -11,7 +11,7 @@ import numpy as np
 
 import torch
 
-from . import io
+from . import atomic
 from .augment import EvalTransform
 from .backbones import create_backbone
 from .distributed import select_device

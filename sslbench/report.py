@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import html
-import io as _bytes_io
+import io
 import json
 import math
 import re
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import io
+from . import atomic
 from .stats import (HEADLINE, MISSING, TableError, best_methods, check_table, headline_comparisons,
                     headline_stats, headline_table, percent, reproduced_vs_reported, summarise)
 
@@ -248,7 +248,7 @@ def new_figure(panels: int, width: float = 4.2, height: float = 3.4, columns: in
 
 
 def png_bytes(fig) -> bytes:
-    buffer = _bytes_io.BytesIO()
+    buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
     return buffer.getvalue()
 
@@ -498,7 +498,7 @@ def save_figure(fig, figures_dir: Path, name: str) -> bytes | None:
     if fig is None:
         return None
     png = png_bytes(fig)
-    io.write_bytes(figures_dir / f"{name}.png", png)
+    atomic.write_bytes(figures_dir / f"{name}.png", png)
     return png
 
 
@@ -537,7 +537,7 @@ def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: s
     environment = environment_table(runs)
     for name, frame in (("summary", summary), ("comparisons", comparisons), ("reproduced", reproduced),
                         ("cost", cost), ("environment", environment)):
-        io.write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
+        atomic.write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
 
     datasets = sorted(table["dataset"].unique())
     footnotes = {d: settings_footnote(table, d) for d in datasets}
@@ -546,7 +546,7 @@ def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: s
     failures = read_failures(Path(results_dir) / "failures.csv")
     if len(failures):  # method folders skipped with --keep-going: never silently absent from the table
         markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in failures.values)
-    io.write_text(out_dir / "table.md", markdown)
+    atomic.write_text(out_dir / "table.md", markdown)
 
     page = Page()
     for d in datasets:
@@ -594,4 +594,4 @@ def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: s
                           .astype(str), "table-runs") + configs_html(runs))
     page.add("All metrics", "<details><summary>every (dataset, method, protocol, metric)</summary>"
              + html_table(summary_display(summary), "table-summary") + "</details>")
-    return io.write_text(out_dir / "report.html", page.render("sslbench report"))
+    return atomic.write_text(out_dir / "report.html", page.render("sslbench report"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import io
+from . import atomic
 from .provenance import provenance
 
 PROTOCOL_PACKAGE = "evaluation"
@@ -60,7 +60,7 @@ def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed:
         # Protocols that run torch record their device in `used`; the rest (numpy, faiss) run on the CPU.
         "run": meta, "cfg": cfg, "evaluated_with": provenance(used.get("device") or "cpu"),
     }
-    return io.write_json(out_path, result)
+    return atomic.write_json(out_path, result)
 
 
 def result_rows(result: dict) -> list[dict]:
@@ -96,11 +96,11 @@ def collect(result_paths: list[str | Path], out_path: str | Path) -> pd.DataFram
     if not table.empty:
         rest = sorted(c for c in table.columns if c not in KEY_COLUMNS)
         table = table[KEY_COLUMNS + rest].sort_values(["dataset", "method", "seed", "protocol", "metric"])
-    io.write_text(out_path, table.to_csv(index=False))
+    atomic.write_text(out_path, table.to_csv(index=False))
     return table
 
 
 def write_failures(path: str | Path, failed: dict[str, str]) -> Path:
     """``results/failures.csv``: the method folders skipped (with --keep-going) and why."""
     frame = pd.DataFrame(sorted(failed.items()), columns=["method", "problem"])
-    return io.write_text(path, frame.to_csv(index=False))
+    return atomic.write_text(path, frame.to_csv(index=False))

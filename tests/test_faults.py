@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from sslbench import io
+from sslbench import atomic
 from conftest import METHODS_DIR, REPO
 
 pytestmark = pytest.mark.slow
@@ -54,13 +54,13 @@ def test_sigkill_mid_epoch_then_rerun_gives_the_uninterrupted_checkpoint(tmp_pat
 def test_unwritable_output_is_a_clear_error_and_leaves_no_partial_file(tmp_path):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("a file where a folder should be")
-    with pytest.raises(io.OutputError, match="cannot write .*not_a_folder"):
-        io.write_json(blocker / "x.json", {"a": 1})
+    with pytest.raises(atomic.OutputError, match="cannot write .*not_a_folder"):
+        atomic.write_json(blocker / "x.json", {"a": 1})
 
     target = tmp_path / "result.json"
-    io.write_json(target, {"old": 1})
+    atomic.write_json(target, {"old": 1})
     with pytest.raises(ValueError):
-        io.write_json(target, {"bad": float("nan")})  # refused before any byte is written
+        atomic.write_json(target, {"bad": float("nan")})  # refused before any byte is written
     assert json.loads(target.read_text()) == {"old": 1}
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 

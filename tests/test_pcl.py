@@ -22,7 +22,7 @@ def trainer(tmp_path, method_config, **overrides):
 
 def e_step(t: Trainer) -> dict:
     """Run the method's epoch hook as the engine does, with the real training set."""
-    ctx = t._context()
+    ctx = t.epoch_context()
     t.method.on_epoch_start(ctx)
     return ctx.log
 

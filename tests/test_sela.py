@@ -77,7 +77,7 @@ def test_relabel_is_the_sinkhorn_argmax_of_each_head_on_the_train_set(tmp_path, 
     trainer = Trainer(METHODS_DIR / "sela", method_config("sela"), 0, tmp_path, progress=False)
     method = trainer.method
     before = method.labels.clone()
-    ctx = trainer._context()
+    ctx = trainer.epoch_context()
     assert ctx.epoch == 0 and 0 in method.relabel_epochs
     method.on_epoch_start(ctx)
 
@@ -92,7 +92,7 @@ def test_relabel_is_the_sinkhorn_argmax_of_each_head_on_the_train_set(tmp_path, 
 
     # An epoch that is not in the schedule leaves the labels alone.
     trainer.state.epoch = 2  # tiny config: 2 epochs, schedule (0, 1)
-    later = trainer._context()
+    later = trainer.epoch_context()
     kept = method.labels.clone()
     method.on_epoch_start(later)
     assert torch.equal(method.labels, kept) and later.log["relabelled"] == 0
@@ -113,7 +113,7 @@ def test_relabelled_counts_are_balanced(tmp_path, method_config):
             weight = 10 * torch.randn(8, method.feature_dim, generator=g) / method.feature_dim**0.5 / std
             method.heads.weight[h * 8:(h + 1) * 8].copy_(weight)
             method.heads.bias[h * 8:(h + 1) * 8].copy_(-weight @ mean)
-    method.on_epoch_start(trainer._context())
+    method.on_epoch_start(trainer.epoch_context())
 
     num_train = features.shape[0]
     for h, labels in enumerate(method.labels):
@@ -162,7 +162,7 @@ def test_loss_is_the_mean_over_heads_of_cross_entropy(method_config, digits):
 
 def test_trains_on_tiny_config(tmp_path, method_config):
     trainer = Trainer(METHODS_DIR / "sela", method_config("sela"), 0, tmp_path, progress=False)
-    trainer.method.on_epoch_start(trainer._context())
+    trainer.method.on_epoch_start(trainer.epoch_context())
     # A fixed batch and fixed views: SGD steps must lower the loss towards the current labels.
     losses = fixed_batch_losses(trainer, steps=16, labelled=False)
     assert all(math.isfinite(v) for v in losses)
