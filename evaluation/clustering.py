@@ -5,6 +5,7 @@ Each of `restarts` independent k-means runs gets its own seed derived from the r
 metrics are the mean over runs. "ami", "nmi", "ari" use k = number of classes; "ami_k{m}x"
 over-clusters with k = m x classes (capped at the number of test samples).
 """
+
 from __future__ import annotations
 
 import faiss
@@ -15,18 +16,27 @@ from .common import check_metrics, l2_normalize, resolve_settings, seed_for, unp
 
 PROTOCOL = "clustering"
 DEFAULTS: dict = {
-    "restarts": 5,            # independent k-means runs, each with its own seed; metrics averaged
-    "nredo": 1,               # faiss: best-of-nredo (lowest objective) inside one run
-    "niter": 50,              # Lloyd iterations
-    "spherical": False,       # faiss: renormalise centroids after each iteration
-    "overcluster": [2, 5],    # extra k = m x classes, reported as ami_k{m}x
+    "restarts": 5,  # independent k-means runs, each with its own seed; metrics averaged
+    "nredo": 1,  # faiss: best-of-nredo (lowest objective) inside one run
+    "niter": 50,  # Lloyd iterations
+    "spherical": False,  # faiss: renormalise centroids after each iteration
+    "overcluster": [2, 5],  # extra k = m x classes, reported as ami_k{m}x
 }
 
 
 def kmeans_assign(x: np.ndarray, k: int, niter: int, nredo: int, spherical: bool, seed: int) -> np.ndarray:
     """Cluster id of every row of x after faiss k-means with k centroids."""
-    kmeans = faiss.Kmeans(x.shape[1], k, niter=niter, nredo=nredo, spherical=spherical, seed=seed,
-                          verbose=False, min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+    kmeans = faiss.Kmeans(
+        x.shape[1],
+        k,
+        niter=niter,
+        nredo=nredo,
+        spherical=spherical,
+        seed=seed,
+        verbose=False,
+        min_points_per_centroid=1,
+        max_points_per_centroid=1 << 30,
+    )
     kmeans.train(x)
     _, assignment = kmeans.index.search(x, 1)
     return assignment[:, 0]
@@ -41,8 +51,14 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     labels, num_classes = data["test_labels"], data["num_classes"]
 
     def run(k: int, restart: int) -> np.ndarray:
-        return kmeans_assign(x, min(k, len(x)), int(used["niter"]), int(used["nredo"]),
-                             bool(used["spherical"]), seed_for(seed, k, restart))
+        return kmeans_assign(
+            x,
+            min(k, len(x)),
+            int(used["niter"]),
+            int(used["nredo"]),
+            bool(used["spherical"]),
+            seed_for(seed, k, restart),
+        )
 
     restarts = range(int(used["restarts"]))
     scores = {"ami": [], "nmi": [], "ari": []}
@@ -58,8 +74,10 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
         ]
     metrics = {name: float(np.mean(values)) for name, values in scores.items()}
 
-    used["k"] = {name: min(int(round(m * num_classes)), len(x))
-                 for name, m in [("ami", 1)] + [(f"ami_k{m:g}x", m) for m in used["overcluster"]]}
+    used["k"] = {
+        name: min(int(round(m * num_classes)), len(x))
+        for name, m in [("ami", 1)] + [(f"ami_k{m:g}x", m) for m in used["overcluster"]]
+    }
     used["split"] = "test"
     used["mi_average_method"] = "arithmetic"
     return check_metrics(metrics, PROTOCOL), used

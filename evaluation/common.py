@@ -1,4 +1,5 @@
 """Small helpers shared by the evaluation protocols: settings, the feature dict, metrics."""
+
 from __future__ import annotations
 
 import copy
@@ -56,7 +57,9 @@ def unpack_features(features: dict, allow_multilabel: bool = False) -> dict:
         x = np.ascontiguousarray(to_numpy(features[split], split), dtype=np.float32)
         y = to_numpy(features[f"{split}_labels"], f"{split}_labels").astype(np.int64)
         if x.ndim != 2 or len(x) == 0:
-            raise ValueError(f"feature dict: '{split}' must be a non-empty [N, D] matrix, got shape {x.shape}")
+            raise ValueError(
+                f"feature dict: '{split}' must be a non-empty [N, D] matrix, got shape {x.shape}"
+            )
         if not np.isfinite(x).all():
             raise ValueError(f"feature dict: '{split}' holds non-finite values; re-extract the features")
         if len(y) != len(x):
@@ -107,7 +110,9 @@ def topk_accuracy(scores: np.ndarray, labels: np.ndarray, ks=(1, 5)) -> dict[int
 
 def seed_for(*parts: int) -> int:
     """A 31-bit seed derived from several integers (run seed, draw, restart, ...)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1)  # < 2**31: faiss wants a C int
+    return int(
+        np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1
+    )  # < 2**31: faiss wants a C int
 
 
 def check_metrics(metrics: dict, protocol: str) -> dict[str, float]:

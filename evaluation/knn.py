@@ -4,6 +4,7 @@ Features are L2-normalised, so the inner product is the cosine similarity. The k
 similar train samples vote for their class with weight exp(similarity / temperature);
 the class scores are the summed votes. Neighbours come from an exact faiss IndexFlatIP.
 """
+
 from __future__ import annotations
 
 import faiss
@@ -17,8 +18,14 @@ DEFAULTS: dict = {
 }
 
 
-def knn_classify(train_features: np.ndarray, train_labels: np.ndarray, test_features: np.ndarray,
-                 k: int, temperature: float, num_classes: int) -> np.ndarray:
+def knn_classify(
+    train_features: np.ndarray,
+    train_labels: np.ndarray,
+    test_features: np.ndarray,
+    k: int,
+    temperature: float,
+    num_classes: int,
+) -> np.ndarray:
     """Class scores [n_test, num_classes]: sum over the top-k cosine neighbours of exp(sim / T).
 
     k is capped at the number of train samples.
@@ -33,7 +40,9 @@ def check_variant(k: int, temperature: float) -> None:
         raise ValueError(f"knn: need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
 
 
-def nearest_neighbours(train_features: np.ndarray, test_features: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def nearest_neighbours(
+    train_features: np.ndarray, test_features: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(cosine similarities, train indices) [n_test, min(k, n_train)] of each test point's nearest
     train points, most similar first (exact search: faiss IndexFlatIP on L2-normalised features)."""
     train = np.ascontiguousarray(l2_normalize(train_features))
@@ -43,14 +52,21 @@ def nearest_neighbours(train_features: np.ndarray, test_features: np.ndarray, k:
     return index.search(test, min(int(k), len(train)))
 
 
-def vote(similarities: np.ndarray, neighbours: np.ndarray, train_labels: np.ndarray, temperature: float,
-         num_classes: int) -> np.ndarray:
+def vote(
+    similarities: np.ndarray,
+    neighbours: np.ndarray,
+    train_labels: np.ndarray,
+    temperature: float,
+    num_classes: int,
+) -> np.ndarray:
     """Class scores [n_test, num_classes]: every listed neighbour votes exp(sim / T) for its class."""
     weights = np.exp(similarities.astype(np.float64) / temperature)
     neighbour_labels = np.asarray(train_labels, dtype=np.int64)[neighbours]
     scores = np.zeros((len(similarities), num_classes), dtype=np.float64)
     rows = np.arange(len(similarities))
-    for j in range(neighbours.shape[1]):  # each column touches every row once: fancy-index += has no collisions
+    for j in range(
+        neighbours.shape[1]
+    ):  # each column touches every row once: fancy-index += has no collisions
         scores[rows, neighbour_labels[:, j]] += weights[:, j]
     return scores
 
@@ -69,7 +85,9 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     data = unpack_features(features)
     metrics, variants = {}, []
     if not used["variants"]:
-        raise ValueError("knn: `evaluation.knn.variants` is empty; give at least one {k: ..., temperature: ...}")
+        raise ValueError(
+            "knn: `evaluation.knn.variants` is empty; give at least one {k: ..., temperature: ...}"
+        )
     for variant in used["variants"]:
         unknown = set(variant) - {"k", "temperature"}
         if unknown or not {"k", "temperature"} <= set(variant):
@@ -80,8 +98,9 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     similarities, neighbours = nearest_neighbours(data["train"], data["test"], largest)
     for variant in used["variants"]:
         k, temperature = int(variant["k"]), float(variant["temperature"])
-        scores = vote(similarities[:, :k], neighbours[:, :k], data["train_labels"], temperature,
-                      data["num_classes"])
+        scores = vote(
+            similarities[:, :k], neighbours[:, :k], data["train_labels"], temperature, data["num_classes"]
+        )
         accuracy = topk_accuracy(scores, data["test_labels"], ks=(1, 5))
         name = variant_name(k, temperature)
         metrics[f"top1_{name}"], metrics[f"top5_{name}"] = accuracy[1], accuracy[5]

@@ -16,6 +16,7 @@ the evaluation transform. There is no held-out choice here: the recipe's values 
 Settings merged from a config that also holds the cached mode's keys (weight_decay_grid, ...)
 are accepted and ignored in paper mode (listed in `ignored_settings`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,27 +28,27 @@ import torch.nn.functional as F
 from .common import check_metrics, resolve_settings, seed_for, topk_accuracy, unpack_features
 
 PROTOCOL = "linear"
-NEEDS_CHECKPOINT = True       # mode "paper" reads the checkpoint; mode "cached" ignores it
+NEEDS_CHECKPOINT = True  # mode "paper" reads the checkpoint; mode "cached" ignores it
 DEFAULTS: dict = {
     "mode": "cached",
     "weight_decay_grid": [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1],
     "val_fraction": 0.2,
-    "max_iter": 300,          # L-BFGS iterations per fit
-    "device": None,           # None: the train features' device
+    "max_iter": 300,  # L-BFGS iterations per fit
+    "device": None,  # None: the train features' device
 }
-PAPER_DEFAULTS: dict = {       # facebookresearch/moco main_lincls.py
+PAPER_DEFAULTS: dict = {  # facebookresearch/moco main_lincls.py
     "mode": "paper",
     "lr": 30.0,
     "momentum": 0.9,
     "weight_decay": 0.0,
     "epochs": 100,
-    "milestones": [60, 80],   # epochs where the lr is multiplied by 0.1
+    "milestones": [60, 80],  # epochs where the lr is multiplied by 0.1
     "batch_size": 256,
     "augment": {"preset": "supervised"},  # RandomResizedCrop (0.08, 1) + flip: view_config() arguments
     "eval_batch_size": 1024,
-    "device": None,           # None: CUDA if available, else CPU
+    "device": None,  # None: CUDA if available, else CPU
 }
-CHUNK_ROWS = 65536            # rows per forward/backward chunk: bounds memory on large splits
+CHUNK_ROWS = 65536  # rows per forward/backward chunk: bounds memory on large splits
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,22 +71,29 @@ def standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor
     return [(x - mean) / std for x in (train, *others)]
 
 
-def fit_linear(x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay: float,
-               max_iter: int) -> torch.nn.Linear:
+def fit_linear(
+    x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay: float, max_iter: int
+) -> torch.nn.Linear:
     """Minimise mean cross-entropy + weight_decay / 2 * ||W||^2 (bias unpenalised) with L-BFGS."""
     layer = torch.nn.Linear(x.shape[1], num_classes).to(device=x.device, dtype=x.dtype)
     torch.nn.init.zeros_(layer.weight)
     torch.nn.init.zeros_(layer.bias)
-    optimiser = torch.optim.LBFGS(layer.parameters(), lr=1.0, max_iter=max_iter, history_size=20,
-                                  tolerance_grad=1e-7, tolerance_change=1e-10,
-                                  line_search_fn="strong_wolfe")
+    optimiser = torch.optim.LBFGS(
+        layer.parameters(),
+        lr=1.0,
+        max_iter=max_iter,
+        history_size=20,
+        tolerance_grad=1e-7,
+        tolerance_change=1e-10,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         optimiser.zero_grad()
         total = 0.0
         for start in range(0, len(x), CHUNK_ROWS):  # gradient accumulation over row chunks
-            logits = layer(x[start:start + CHUNK_ROWS])
-            loss = F.cross_entropy(logits, y[start:start + CHUNK_ROWS], reduction="sum") / len(x)
+            logits = layer(x[start : start + CHUNK_ROWS])
+            loss = F.cross_entropy(logits, y[start : start + CHUNK_ROWS], reduction="sum") / len(x)
             loss.backward()
             total += loss.item()
         penalty = 0.5 * weight_decay * layer.weight.pow(2).sum()
@@ -98,11 +106,12 @@ def fit_linear(x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay:
 
 @torch.no_grad()
 def predict(layer: torch.nn.Linear, x: torch.Tensor) -> np.ndarray:
-    return torch.cat([layer(x[s:s + CHUNK_ROWS]) for s in range(0, len(x), CHUNK_ROWS)]).cpu().numpy()
+    return torch.cat([layer(x[s : s + CHUNK_ROWS]) for s in range(0, len(x), CHUNK_ROWS)]).cpu().numpy()
 
 
-def select_weight_decay(train: torch.Tensor, labels: np.ndarray, num_classes: int, used: dict,
-                        seed: int) -> tuple[float, list[float]]:
+def select_weight_decay(
+    train: torch.Tensor, labels: np.ndarray, num_classes: int, used: dict, seed: int
+) -> tuple[float, list[float]]:
     """The grid value with the best held-out top-1 (ties: the larger, more regularised value).
 
     Only the train split is seen here: fit and validation parts both come from it.
@@ -120,8 +129,9 @@ def select_weight_decay(train: torch.Tensor, labels: np.ndarray, num_classes: in
     return float(used["weight_decay_grid"][best]), val_top1
 
 
-def evaluate(features: dict, settings: dict, seed: int,
-             checkpoint_path=None) -> tuple[dict[str, float], dict]:
+def evaluate(
+    features: dict, settings: dict, seed: int, checkpoint_path=None
+) -> tuple[dict[str, float], dict]:
     if (settings or {}).get("mode") == "paper":
         return evaluate_paper(settings, seed, checkpoint_path)
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
@@ -139,13 +149,22 @@ def evaluate(features: dict, settings: dict, seed: int,
 
     weight_decay, val_top1 = select_weight_decay(train, data["train_labels"], num_classes, used, seed)
     train_x, test_x = standardise(train, test)
-    layer = fit_linear(train_x, torch.as_tensor(data["train_labels"], device=device), num_classes,
-                       weight_decay, used["max_iter"])
+    layer = fit_linear(
+        train_x,
+        torch.as_tensor(data["train_labels"], device=device),
+        num_classes,
+        weight_decay,
+        used["max_iter"],
+    )
     accuracy = topk_accuracy(predict(layer, test_x), data["test_labels"], ks=(1, 5))
 
-    used.update(device=str(device), weight_decay=weight_decay, val_top1_per_weight_decay=val_top1,
-                optimiser="L-BFGS full batch, zero init, strong Wolfe line search",
-                selection="top-1 on a stratified held-out part of the train split; ties -> larger value")
+    used.update(
+        device=str(device),
+        weight_decay=weight_decay,
+        val_top1_per_weight_decay=val_top1,
+        optimiser="L-BFGS full batch, zero init, strong Wolfe line search",
+        selection="top-1 on a stratified held-out part of the train split; ties -> larger value",
+    )
     return check_metrics({"top1": accuracy[1], "top5": accuracy[5]}, PROTOCOL), used
 
 
@@ -178,15 +197,22 @@ def freeze(backbone: torch.nn.Module) -> torch.nn.Module:
     return backbone
 
 
-def fit_frozen_probe(backbone: torch.nn.Module, train, num_classes: int, augment, used: dict, seed: int,
-                     device: torch.device) -> torch.nn.Linear:
+def fit_frozen_probe(
+    backbone: torch.nn.Module, train, num_classes: int, augment, used: dict, seed: int, device: torch.device
+) -> torch.nn.Linear:
     """Train a linear layer on the frozen backbone's features of augmented views of `train`
     (an ImageSet). The backbone is never put in train mode and receives no gradient."""
     freeze(backbone)
-    head = new_head(backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(seed, 0))).to(device)
-    optimiser = torch.optim.SGD(head.parameters(), lr=used["lr"], momentum=used["momentum"],
-                                weight_decay=used["weight_decay"])
-    order_gen, view_gen = torch.Generator().manual_seed(seed_for(seed, 1)), torch.Generator().manual_seed(seed_for(seed, 2))
+    head = new_head(backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(seed, 0))).to(
+        device
+    )
+    optimiser = torch.optim.SGD(
+        head.parameters(), lr=used["lr"], momentum=used["momentum"], weight_decay=used["weight_decay"]
+    )
+    order_gen, view_gen = (
+        torch.Generator().manual_seed(seed_for(seed, 1)),
+        torch.Generator().manual_seed(seed_for(seed, 2)),
+    )
     labels = train.labels.to(device)
     for epoch in range(used["epochs"]):
         for group in optimiser.param_groups:
@@ -196,8 +222,10 @@ def fit_frozen_probe(backbone: torch.nn.Module, train, num_classes: int, augment
                 features = backbone(augment(train.load(idx).to(device), view_gen))
             loss = F.cross_entropy(head(features.float()), labels[idx.to(device)])
             if not torch.isfinite(loss):
-                raise ValueError(f"linear (paper): the loss became {loss.item()} in epoch {epoch + 1}; "
-                                 f"lower the setting `lr` (now {used['lr']})")
+                raise ValueError(
+                    f"linear (paper): the loss became {loss.item()} in epoch {epoch + 1}; "
+                    f"lower the setting `lr` (now {used['lr']})"
+                )
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
@@ -209,8 +237,11 @@ def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
     config/default.yaml keeps them) and returned as ignored."""
     cached_only = set(DEFAULTS) - set(PAPER_DEFAULTS)
     ignored = sorted(set(settings) & cached_only)
-    used = resolve_settings({k: v for k, v in settings.items() if k not in cached_only}, PAPER_DEFAULTS,
-                            f"{PROTOCOL} (mode 'paper')")
+    used = resolve_settings(
+        {k: v for k, v in settings.items() if k not in cached_only},
+        PAPER_DEFAULTS,
+        f"{PROTOCOL} (mode 'paper')",
+    )
     if used["epochs"] < 0 or used["batch_size"] < 1 or used["lr"] <= 0:
         raise ValueError("linear (paper): settings need epochs >= 0, batch_size >= 1 and lr > 0")
     used["milestones"] = sorted(int(m) for m in used["milestones"])
@@ -225,13 +256,17 @@ def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str
 
     used, ignored = resolve_paper_settings(settings)
     if checkpoint_path is None:
-        raise ValueError("linear: mode 'paper' trains on images through the frozen backbone and needs the "
-                         "checkpoint: pass checkpoint_path (`sslbench evaluate --checkpoint ...`)")
+        raise ValueError(
+            "linear: mode 'paper' trains on images through the frozen backbone and needs the "
+            "checkpoint: pass checkpoint_path (`sslbench evaluate --checkpoint ...`)"
+        )
     device = select_device(used["device"] or "auto")
     ckpt = read_checkpoint(checkpoint_path, "cpu")
     data = load_data(ckpt["cfg"])
     if data.multilabel:
-        raise ValueError(f"linear (paper): {data.name} is multilabel; this protocol needs one class per image")
+        raise ValueError(
+            f"linear (paper): {data.name} is multilabel; this protocol needs one class per image"
+        )
     norm = ckpt["normalisation"]
     views = view_config(**used["augment"])
     augment = ViewAugment(data.image_size, data.channels, norm["mean"], norm["std"], views).to(device)
@@ -240,8 +275,13 @@ def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str
     transform = EvalTransform(data.image_size, data.channels, norm["mean"], norm["std"]).to(device)
     logits = embed(torch.nn.Sequential(backbone, head), data.test, transform, device, used["eval_batch_size"])
     accuracy = topk_accuracy(logits.numpy(), data.test.labels.numpy(), ks=(1, 5))
-    used.update(device=str(device), ignored_settings=ignored, view_config=dataclasses.asdict(views),
-                optimiser="SGD on the linear layer only; backbone frozen in eval mode (running BN statistics)",
-                head_init="weight ~ N(0, 0.01), bias 0", schedule="lr x0.1 at each milestone epoch",
-                eval_transform="EvalTransform (centre square crop, resize, normalise)")
+    used.update(
+        device=str(device),
+        ignored_settings=ignored,
+        view_config=dataclasses.asdict(views),
+        optimiser="SGD on the linear layer only; backbone frozen in eval mode (running BN statistics)",
+        head_init="weight ~ N(0, 0.01), bias 0",
+        schedule="lr x0.1 at each milestone epoch",
+        eval_transform="EvalTransform (centre square crop, resize, normalise)",
+    )
     return check_metrics({"top1": accuracy[1], "top5": accuracy[5]}, PROTOCOL), used

@@ -19,6 +19,7 @@ stratified cross-validation (folds = min(cv_folds, k), one positive per class pe
 k = 2) maximising the class-mean AP; ties go to the smaller cost. At k = 1 no split leaves a
 positive on both sides, so the fixed `fallback_cost` is used and recorded.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -37,10 +38,10 @@ DEFAULTS: dict = {
     "num_draws": 5,
     "cost_grid": [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
     "cv_folds": 3,
-    "pos_weight": 2.0,        # class_weight {+1: pos_weight, -1: 1}
-    "fallback_cost": 1.0,     # k = 1: cross-validation impossible
+    "pos_weight": 2.0,  # class_weight {+1: pos_weight, -1: 1}
+    "fallback_cost": 1.0,  # k = 1: cross-validation impossible
 }
-SVM_TOL, SVM_MAX_ITER = 1e-4, 2000          # fair_ssl / VISSL values
+SVM_TOL, SVM_MAX_ITER = 1e-4, 2000  # fair_ssl / VISSL values
 # VOC07 multilabel targets, the VOC devkit's codes: present, absent, difficult.
 POSITIVE, NEGATIVE, DIFFICULT = 1, -1, 0
 
@@ -51,14 +52,15 @@ def sample_lowshot(labels, k: int, num_draws: int, seed: int) -> list[np.ndarray
     (classes in ascending order, without replacement). Same seed and k: same draws."""
     labels = to_numpy(labels, "labels")
     if labels.ndim != 1:
-        raise ValueError("sample_lowshot takes a vector of class ids; use sample_lowshot_multilabel for [N, C]")
+        raise ValueError(
+            "sample_lowshot takes a vector of class ids; use sample_lowshot_multilabel for [N, C]"
+        )
     members = [np.flatnonzero(labels == cls) for cls in np.unique(labels)]
     smallest = min(len(m) for m in members)
     if not 1 <= k <= smallest:
         raise ValueError(f"sample_lowshot: k={k}, but the smallest class has {smallest} samples")
     rng = np.random.default_rng(seed_for(seed, k))
-    return [np.concatenate([rng.choice(m, size=k, replace=False) for m in members])
-            for _ in range(num_draws)]
+    return [np.concatenate([rng.choice(m, size=k, replace=False) for m in members]) for _ in range(num_draws)]
 
 
 def sample_lowshot_multilabel(targets, k: int, num_draws: int, seed: int) -> list[list[np.ndarray]]:
@@ -70,13 +72,22 @@ def sample_lowshot_multilabel(targets, k: int, num_draws: int, seed: int) -> lis
     negatives = [np.flatnonzero(targets[:, c] == NEGATIVE) for c in range(num_classes)]
     n_neg = (num_classes - 1) * k
     if k < 1 or k > min(map(len, positives)) or n_neg > min(map(len, negatives)):
-        raise ValueError(f"sample_lowshot_multilabel: k={k} needs {k} positives and {n_neg} negatives "
-                         "in every class")
+        raise ValueError(
+            f"sample_lowshot_multilabel: k={k} needs {k} positives and {n_neg} negatives in every class"
+        )
     rng = np.random.default_rng(seed_for(seed, k))
-    return [[np.concatenate([rng.choice(positives[c], size=k, replace=False),
-                             rng.choice(negatives[c], size=n_neg, replace=False)])
-             for c in range(num_classes)]
-            for _ in range(num_draws)]
+    return [
+        [
+            np.concatenate(
+                [
+                    rng.choice(positives[c], size=k, replace=False),
+                    rng.choice(negatives[c], size=n_neg, replace=False),
+                ]
+            )
+            for c in range(num_classes)
+        ]
+        for _ in range(num_draws)
+    ]
 
 
 def max_feasible_k(train_labels: np.ndarray) -> int:
@@ -95,13 +106,28 @@ def l2_normalise_like_vissl(x: np.ndarray) -> np.ndarray:
 
 
 def make_svm(cost: float, class_weight: dict, seed: int) -> LinearSVC:
-    return LinearSVC(C=cost, loss="squared_hinge", penalty="l2", dual=False, tol=SVM_TOL,
-                     max_iter=SVM_MAX_ITER, class_weight=class_weight, intercept_scaling=1.0,
-                     random_state=seed)
+    return LinearSVC(
+        C=cost,
+        loss="squared_hinge",
+        penalty="l2",
+        dual=False,
+        tol=SVM_TOL,
+        max_iter=SVM_MAX_ITER,
+        class_weight=class_weight,
+        intercept_scaling=1.0,
+        random_state=seed,
+    )
 
 
-def ovr_scores(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, cost: float, pos_weight: float,
-               seed: int, counter: dict) -> np.ndarray:
+def ovr_scores(
+    x_fit: np.ndarray,
+    y_fit: np.ndarray,
+    x_eval: np.ndarray,
+    cost: float,
+    pos_weight: float,
+    seed: int,
+    counter: dict,
+) -> np.ndarray:
     """Decision scores [n_eval, n_classes] of one-vs-rest SVMs with VISSL's class_weight
     {+1: pos_weight, -1: 1}; y_fit holds class ids 0..C-1 (all present), or +-1 for one class.
 
@@ -114,8 +140,13 @@ def ovr_scores(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, cost: f
     if set(classes) <= {-1, 1}:
         class_weight, targets = {1: pos_weight, -1: 1.0}, y_fit
     elif len(classes) == 2:  # liblinear would fit one problem with both sides weighted: split it
-        return np.concatenate([ovr_scores(x_fit, np.where(y_fit == c, 1, -1), x_eval, cost, pos_weight,
-                                          seed, counter) for c in classes], axis=1)
+        return np.concatenate(
+            [
+                ovr_scores(x_fit, np.where(y_fit == c, 1, -1), x_eval, cost, pos_weight, seed, counter)
+                for c in classes
+            ],
+            axis=1,
+        )
     else:
         class_weight, targets = {int(c): pos_weight for c in classes}, y_fit
     svm = make_svm(cost, class_weight, seed).fit(x_fit, targets)
@@ -183,8 +214,9 @@ def draw_tasks(train_labels: np.ndarray, draw) -> list[Task]:
     return [Task(rows, np.where(train_labels[rows, c] == POSITIVE, 1, -1)) for c, rows in enumerate(draw)]
 
 
-def choose_cost(x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int,
-                counter: dict) -> tuple[float, str]:
+def choose_cost(
+    x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int, counter: dict
+) -> tuple[float, str]:
     """The grid cost with the best class-mean cross-validated AP on the low-shot set."""
     folds = min(int(used["cv_folds"]), k)
     if folds < 2:
@@ -193,20 +225,26 @@ def choose_cost(x: np.ndarray, tasks: list[Task], k: int, used: dict, seed: int,
     for t, task in enumerate(tasks):
         splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed_for(seed, t))
         for fit, val in splitter.split(task.rows, task.y):
-            val_labels = task.y[val] if len(tasks) == 1 else np.where(task.y[val] == 1, POSITIVE, NEGATIVE)[:, None]
+            val_labels = (
+                task.y[val] if len(tasks) == 1 else np.where(task.y[val] == 1, POSITIVE, NEGATIVE)[:, None]
+            )
             for i, cost in enumerate(used["cost_grid"]):
-                scores = ovr_scores(x[task.rows[fit]], task.y[fit], x[task.rows[val]], cost,
-                                    used["pos_weight"], seed, counter)
+                scores = ovr_scores(
+                    x[task.rows[fit]], task.y[fit], x[task.rows[val]], cost, used["pos_weight"], seed, counter
+                )
                 cv_ap[i] += class_mean_ap(scores, val_labels)
     best = int(np.argmax(cv_ap))  # first maximum: the smallest cost among ties
     return float(used["cost_grid"][best]), "cv"
 
 
-def final_scores(x: np.ndarray, tasks: list[Task], x_test: np.ndarray, cost: float, used: dict, seed: int,
-                counter: dict) -> np.ndarray:
+def final_scores(
+    x: np.ndarray, tasks: list[Task], x_test: np.ndarray, cost: float, used: dict, seed: int, counter: dict
+) -> np.ndarray:
     """Decision scores [n_test, n_classes] of the SVMs trained on the whole draw at `cost`."""
-    return np.concatenate([ovr_scores(x[task.rows], task.y, x_test, cost, used["pos_weight"], seed, counter)
-                           for task in tasks], axis=1)
+    return np.concatenate(
+        [ovr_scores(x[task.rows], task.y, x_test, cost, used["pos_weight"], seed, counter) for task in tasks],
+        axis=1,
+    )
 
 
 # ---------------------------------------------------------------- protocol
@@ -246,8 +284,11 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
         test_map = class_mean_ap(scores, test_labels, ap=voc_ap if multilabel else average_precision)
         return {"k": k, "cost": cost, "rule": rule, "map": test_map, "top1": top1, **counter}
 
-    jobs = [(k, d, draw) for k in ks_run
-            for d, draw in enumerate(sampler(train_labels, k, int(used["num_draws"]), seed))]
+    jobs = [
+        (k, d, draw)
+        for k in ks_run
+        for d, draw in enumerate(sampler(train_labels, k, int(used["num_draws"]), seed))
+    ]
     # liblinear releases the GIL: draws run in threads, as many as the job may use (the CLI's --threads).
     with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=available_threads()) as pool:
         warnings.simplefilter("ignore", ConvergenceWarning)  # counted and recorded instead
@@ -257,21 +298,39 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     for k in ks_run:
         mine = [r for r in runs if r["k"] == k]
         maps = np.array([r["map"] for r in mine])
-        metrics.update({f"map_k{k}_mean": maps.mean(), f"map_k{k}_std": maps.std(),
-                        f"map_k{k}_min": maps.min(), f"map_k{k}_max": maps.max()})
+        metrics.update(
+            {
+                f"map_k{k}_mean": maps.mean(),
+                f"map_k{k}_std": maps.std(),
+                f"map_k{k}_min": maps.min(),
+                f"map_k{k}_max": maps.max(),
+            }
+        )
         if not multilabel:
             metrics[f"top1_k{k}_mean"] = float(np.mean([r["top1"] for r in mine]))
         chosen[f"k{k}"] = [{"cost": r["cost"], "rule": r["rule"]} for r in mine]
     counter = {name: sum(r[name] for r in runs) for name in ("fits", "not_converged")}
 
     used.update(
-        ks_run=ks_run, ks_skipped=[k for k in used["ks"] if k > largest], chosen_costs=chosen,
+        ks_run=ks_run,
+        ks_skipped=[k for k in used["ks"] if k > largest],
+        chosen_costs=chosen,
         labels="multilabel (VOC codes 1/-1/0)" if multilabel else "single-label",
         cost_rule=f"stratified {used['cv_folds']}-fold CV on the low-shot set (folds = min(cv_folds, k)), "
-                  "best class-mean AP, ties -> smaller cost; k = 1: fallback_cost",
-        ap="VOC interpolated (VISSL)" if multilabel else "average precision as sklearn's average_precision_score",
-        svm={"loss": "squared_hinge", "penalty": "l2", "dual": False, "tol": SVM_TOL,
-             "max_iter": SVM_MAX_ITER, "intercept_scaling": 1.0, "features": "L2-normalised (norm + 1e-5)"},
-        svm_fits=counter["fits"], svm_fits_not_converged=counter["not_converged"],
+        "best class-mean AP, ties -> smaller cost; k = 1: fallback_cost",
+        ap="VOC interpolated (VISSL)"
+        if multilabel
+        else "average precision as sklearn's average_precision_score",
+        svm={
+            "loss": "squared_hinge",
+            "penalty": "l2",
+            "dual": False,
+            "tol": SVM_TOL,
+            "max_iter": SVM_MAX_ITER,
+            "intercept_scaling": 1.0,
+            "features": "L2-normalised (norm + 1e-5)",
+        },
+        svm_fits=counter["fits"],
+        svm_fits_not_converged=counter["not_converged"],
     )
     return check_metrics(metrics, PROTOCOL), used

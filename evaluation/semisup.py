@@ -27,6 +27,7 @@ the final top-1 / top-5, with the evaluation transform.
 Same seed, same checkpoint, same machine (CPU): the same numbers; each fit draws its data order
 and views from generators seeded by (seed, subset), the same for every lr of the grid.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,13 +55,13 @@ SUBSET_FOLDER = Path("eval") / "semisup_subsets"
 DEFAULTS: dict = {
     "epochs": {"1pct": 60, "10pct": 30},  # passes over the labelled subset (SimCLR's fine-tuning)
     "batch_size": 32,
-    "lr_grid": [0.01, 0.03],        # backbone lr candidates; the head's is head_lr_multiplier times it
+    "lr_grid": [0.01, 0.03],  # backbone lr candidates; the head's is head_lr_multiplier times it
     "head_lr_multiplier": 10.0,
     "momentum": 0.9,
     "weight_decay": 0.0,
-    "val_fraction": 0.2,            # of each class of the labelled subset, held out to choose the lr
+    "val_fraction": 0.2,  # of each class of the labelled subset, held out to choose the lr
     "augment": {"preset": "supervised"},  # view_config() arguments
-    "subset_files": None,           # {1pct: path, 10pct: path}: standard lists instead of a draw
+    "subset_files": None,  # {1pct: path, 10pct: path}: standard lists instead of a draw
     "eval_batch_size": 1024,
     "device": "auto",
 }
@@ -81,7 +82,7 @@ def draw_subsets(labels: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     for cls in np.unique(labels):
         order = rng.permutation(np.flatnonzero(labels == cls))
         for name, fraction in FRACTIONS.items():
-            chosen[name].append(order[:min(len(order), max(1, round(fraction * len(order))))])
+            chosen[name].append(order[: min(len(order), max(1, round(fraction * len(order))))])
     return {name: np.sort(np.concatenate(parts)) for name, parts in chosen.items()}
 
 
@@ -98,8 +99,10 @@ def read_subset_file(path: str | Path, train: ImageSet) -> np.ndarray:
         indices = np.array([int(e) for e in entries], dtype=np.int64)
         bad = indices[(indices < 0) | (indices >= len(train))]
         if len(bad):
-            raise ValueError(f"semisup: subset file {path} holds indices {bad[:5].tolist()} outside the "
-                             f"train split [0, {len(train)})")
+            raise ValueError(
+                f"semisup: subset file {path} holds indices {bad[:5].tolist()} outside the "
+                f"train split [0, {len(train)})"
+            )
     else:
         indices = _indices_of_names(entries, train, path)
     if len(np.unique(indices)) != len(indices):
@@ -109,19 +112,25 @@ def read_subset_file(path: str | Path, train: ImageSet) -> np.ndarray:
 
 def _indices_of_names(names: list[str], train: ImageSet, path: Path) -> np.ndarray:
     if train.paths is None:
-        raise ValueError(f"semisup: subset file {path} lists file names, but this dataset's train split is "
-                         "held in memory without file names; list train indices instead")
+        raise ValueError(
+            f"semisup: subset file {path} lists file names, but this dataset's train split is "
+            "held in memory without file names; list train indices instead"
+        )
     index_of = {}
     for i, p in enumerate(train.paths):
         index_of.setdefault(Path(p).name, []).append(i)
     missing = [n for n in names if n not in index_of]
     if missing:
-        raise ValueError(f"semisup: subset file {path}: {len(missing)} name(s) are not in the train split, "
-                         f"e.g. {missing[:3]}")
+        raise ValueError(
+            f"semisup: subset file {path}: {len(missing)} name(s) are not in the train split, "
+            f"e.g. {missing[:3]}"
+        )
     ambiguous = [n for n in names if len(index_of[n]) > 1]
     if ambiguous:
-        raise ValueError(f"semisup: subset file {path}: names {ambiguous[:3]} match several train files; "
-                         "list train indices instead")
+        raise ValueError(
+            f"semisup: subset file {path}: names {ambiguous[:3]} match several train files; "
+            "list train indices instead"
+        )
     return np.array([index_of[n][0] for n in names], dtype=np.int64)
 
 
@@ -142,15 +151,21 @@ def labelled_subsets(train: ImageSet, used: dict, seed: int, out_dir: Path) -> t
         subsets = draw_subsets(train.labels.numpy(), seed)
     else:
         if not isinstance(sources, dict) or set(sources) != set(FRACTIONS):
-            raise ValueError(f"semisup: setting `subset_files` must map exactly {sorted(FRACTIONS)} to files, "
-                             f"got {sources!r}")
+            raise ValueError(
+                f"semisup: setting `subset_files` must map exactly {sorted(FRACTIONS)} to files, "
+                f"got {sources!r}"
+            )
         subsets = {name: read_subset_file(sources[name], train) for name in FRACTIONS}
     labels = train.labels.numpy()
     records = {}
     for name, indices in subsets.items():
         file = out_dir / f"{name}.txt"
-        records[name] = {"file": str(file), "sha256": write_subset(file, indices), "size": int(len(indices)),
-                         "per_class": np.bincount(labels[indices], minlength=int(labels.max()) + 1).tolist()}
+        records[name] = {
+            "file": str(file),
+            "sha256": write_subset(file, indices),
+            "size": int(len(indices)),
+            "per_class": np.bincount(labels[indices], minlength=int(labels.max()) + 1).tolist(),
+        }
         if sources is not None:
             records[name].update(source=str(sources[name]), source_sha256=sha256_of(sources[name]))
     small, large = (subsets[name] for name in FRACTIONS)
@@ -166,8 +181,12 @@ def part(images: ImageSet, indices) -> ImageSet:
     idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
     if images.images is not None:
         return ImageSet(labels=images.labels[idx], images=images.images[idx], channels=images.channels)
-    return ImageSet(labels=images.labels[idx], paths=[images.paths[i] for i in idx.tolist()],
-                    image_size=images.image_size, channels=images.channels)
+    return ImageSet(
+        labels=images.labels[idx],
+        paths=[images.paths[i] for i in idx.tolist()],
+        image_size=images.image_size,
+        channels=images.channels,
+    )
 
 
 def epoch_batches(count: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -181,17 +200,34 @@ def cosine(step: int, total: int) -> float:
     return 0.5 * (1.0 + np.cos(np.pi * step / max(1, total)))
 
 
-def finetune(ckpt: dict, labelled: ImageSet, num_classes: int, lr: float, epochs: int, augment: ViewAugment,
-             used: dict, stream_seed: int, device: torch.device) -> torch.nn.Sequential:
+def finetune(
+    ckpt: dict,
+    labelled: ImageSet,
+    num_classes: int,
+    lr: float,
+    epochs: int,
+    augment: ViewAugment,
+    used: dict,
+    stream_seed: int,
+    device: torch.device,
+) -> torch.nn.Sequential:
     """Backbone (from the checkpoint) + new linear head, trained end to end on `labelled`."""
     torch.manual_seed(stream_seed)  # anything random inside the backbone (drop-path, dropout)
     backbone = load_encoder(ckpt)
-    head = new_head(backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(stream_seed, 0)))
+    head = new_head(
+        backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(stream_seed, 0))
+    )
     model = torch.nn.Sequential(backbone, head).to(device).train()
     head_lr = lr * used["head_lr_multiplier"]
-    optimiser = torch.optim.SGD([{"params": backbone.parameters(), "lr": lr, "base_lr": lr},
-                                 {"params": head.parameters(), "lr": head_lr, "base_lr": head_lr}],
-                                lr=lr, momentum=used["momentum"], weight_decay=used["weight_decay"])
+    optimiser = torch.optim.SGD(
+        [
+            {"params": backbone.parameters(), "lr": lr, "base_lr": lr},
+            {"params": head.parameters(), "lr": head_lr, "base_lr": head_lr},
+        ],
+        lr=lr,
+        momentum=used["momentum"],
+        weight_decay=used["weight_decay"],
+    )
     order_gen = torch.Generator().manual_seed(seed_for(stream_seed, 1))
     view_gen = torch.Generator().manual_seed(seed_for(stream_seed, 2))
     steps_per_epoch = len(epoch_batches(len(labelled), used["batch_size"], torch.Generator()))
@@ -201,10 +237,14 @@ def finetune(ckpt: dict, labelled: ImageSet, num_classes: int, lr: float, epochs
         for idx in epoch_batches(len(labelled), used["batch_size"], order_gen):
             for group in optimiser.param_groups:
                 group["lr"] = group["base_lr"] * cosine(step, total)
-            loss = F.cross_entropy(model(augment(labelled.load(idx).to(device), view_gen)), labels[idx.to(device)])
+            loss = F.cross_entropy(
+                model(augment(labelled.load(idx).to(device), view_gen)), labels[idx.to(device)]
+            )
             if not torch.isfinite(loss):
-                raise FineTuneDiverged(f"semisup: the loss became {loss.item()} in epoch {epoch + 1} with backbone "
-                                       f"lr {lr}; lower the values of `lr_grid`")
+                raise FineTuneDiverged(
+                    f"semisup: the loss became {loss.item()} in epoch {epoch + 1} with backbone "
+                    f"lr {lr}; lower the values of `lr_grid`"
+                )
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
@@ -212,26 +252,40 @@ def finetune(ckpt: dict, labelled: ImageSet, num_classes: int, lr: float, epochs
     return model
 
 
-def scores(model: torch.nn.Module, images: ImageSet, transform: EvalTransform, used: dict,
-           device: torch.device) -> dict[int, float]:
+def scores(
+    model: torch.nn.Module, images: ImageSet, transform: EvalTransform, used: dict, device: torch.device
+) -> dict[int, float]:
     logits = embed(model, images, transform, device, used["eval_batch_size"])  # eval mode, no grad
     return topk_accuracy(logits.numpy(), images.labels.numpy(), ks=(1, 5))
 
 
-def choose_lr(ckpt: dict, labelled: ImageSet, num_classes: int, epochs: int, augment, transform, used: dict,
-              subset_seed: int, device: torch.device) -> tuple[float | None, list[float], list[float]]:
+def choose_lr(
+    ckpt: dict,
+    labelled: ImageSet,
+    num_classes: int,
+    epochs: int,
+    augment,
+    transform,
+    used: dict,
+    subset_seed: int,
+    device: torch.device,
+) -> tuple[float | None, list[float], list[float]]:
     """(best backbone lr or None if nothing can be held out, held-out top-1 per lr, diverged lrs).
 
     Fit and validation parts both come from the labelled subset: the test split is not seen.
     """
-    fit_idx, val_idx = stratified_holdout(labelled.labels.numpy(), used["val_fraction"], seed_for(subset_seed, 0))
+    fit_idx, val_idx = stratified_holdout(
+        labelled.labels.numpy(), used["val_fraction"], seed_for(subset_seed, 0)
+    )
     if len(val_idx) == 0:
         return None, [], []
     fit, val = part(labelled, fit_idx), part(labelled, val_idx)
     val_top1, diverged = [], []
     for lr in used["lr_grid"]:
         try:
-            model = finetune(ckpt, fit, num_classes, lr, epochs, augment, used, seed_for(subset_seed, 1), device)
+            model = finetune(
+                ckpt, fit, num_classes, lr, epochs, augment, used, seed_for(subset_seed, 1), device
+            )
             val_top1.append(scores(model, val, transform, used, device)[1])
         except FineTuneDiverged:
             val_top1.append(0.0)
@@ -242,16 +296,25 @@ def choose_lr(ckpt: dict, labelled: ImageSet, num_classes: int, epochs: int, aug
 
 def check_settings(used: dict) -> None:
     epochs = used["epochs"]
-    if not isinstance(epochs, dict) or set(epochs) != set(FRACTIONS) or any(int(e) < 0 for e in epochs.values()):
-        raise ValueError(f"semisup: setting `epochs` must map {sorted(FRACTIONS)} to epochs >= 0, got {epochs!r}")
+    if (
+        not isinstance(epochs, dict)
+        or set(epochs) != set(FRACTIONS)
+        or any(int(e) < 0 for e in epochs.values())
+    ):
+        raise ValueError(
+            f"semisup: setting `epochs` must map {sorted(FRACTIONS)} to epochs >= 0, got {epochs!r}"
+        )
     if not used["lr_grid"] or any(lr <= 0 for lr in used["lr_grid"]):
-        raise ValueError(f"semisup: setting `lr_grid` must be a non-empty list of positive lrs, got {used['lr_grid']}")
+        raise ValueError(
+            f"semisup: setting `lr_grid` must be a non-empty list of positive lrs, got {used['lr_grid']}"
+        )
     if not 0 < used["val_fraction"] < 1 or used["batch_size"] < 2:
         raise ValueError("semisup: settings need 0 < val_fraction < 1 and batch_size >= 2")
 
 
-def run_semisup(ckpt: dict, data: Dataset, settings: dict, seed: int,
-                subset_dir: str | Path) -> tuple[dict[str, float], dict]:
+def run_semisup(
+    ckpt: dict, data: Dataset, settings: dict, seed: int, subset_dir: str | Path
+) -> tuple[dict[str, float], dict]:
     """The protocol on a loaded checkpoint and dataset; index files go to `subset_dir`."""
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     check_settings(used)
@@ -273,40 +336,62 @@ def run_semisup(ckpt: dict, data: Dataset, settings: dict, seed: int,
         lr, val_top1, diverged = used["lr_grid"][0], [], []
         how = "the only value of lr_grid"
         if len(used["lr_grid"]) > 1:
-            lr, val_top1, diverged = choose_lr(ckpt, labelled, data.num_classes, epochs, augment, transform, used,
-                                               subset_seed, device)
+            lr, val_top1, diverged = choose_lr(
+                ckpt, labelled, data.num_classes, epochs, augment, transform, used, subset_seed, device
+            )
             how = "top-1 on a stratified held-out part of this labelled subset; ties -> smaller lr"
         if lr is None:
             if not selection:
-                raise ValueError(f"semisup: the {name} subset has one image per class, so no lr can be chosen on "
-                                 "held-out labels; give `lr_grid` a single value")
+                raise ValueError(
+                    f"semisup: the {name} subset has one image per class, so no lr can be chosen on "
+                    "held-out labels; give `lr_grid` a single value"
+                )
             larger = next(iter(selection))
             lr = selection[larger]["lr"]
             how = f"reused from {larger}: this subset has one image per class, nothing to hold out"
-        selection[name] = {"lr": lr, "head_lr": lr * used["head_lr_multiplier"], "how": how,
-                           "val_top1_per_lr": val_top1, "diverged_lrs": diverged, "epochs": epochs}
-        model = finetune(ckpt, labelled, data.num_classes, lr, epochs, augment, used, seed_for(subset_seed, 1),
-                         device)
+        selection[name] = {
+            "lr": lr,
+            "head_lr": lr * used["head_lr_multiplier"],
+            "how": how,
+            "val_top1_per_lr": val_top1,
+            "diverged_lrs": diverged,
+            "epochs": epochs,
+        }
+        model = finetune(
+            ckpt, labelled, data.num_classes, lr, epochs, augment, used, seed_for(subset_seed, 1), device
+        )
         accuracy = scores(model, data.test, transform, used, device)
         metrics[f"top1_{name}"], metrics[f"top5_{name}"] = accuracy[1], accuracy[5]
 
-    used.update(device=str(device), subsets=records, lr_selection=selection, view_config=dataclasses.asdict(views),
-                optimiser="SGD with momentum; backbone lr and head lr (x head_lr_multiplier) as param groups",
-                schedule="cosine per step to 0, no warm-up", head_init="weight ~ N(0, 0.01), bias 0",
-                mode="end to end, train mode (batch-norm statistics update)",
-                eval_transform="EvalTransform (centre square crop, resize, normalise)")
+    used.update(
+        device=str(device),
+        subsets=records,
+        lr_selection=selection,
+        view_config=dataclasses.asdict(views),
+        optimiser="SGD with momentum; backbone lr and head lr (x head_lr_multiplier) as param groups",
+        schedule="cosine per step to 0, no warm-up",
+        head_init="weight ~ N(0, 0.01), bias 0",
+        mode="end to end, train mode (batch-norm statistics update)",
+        eval_transform="EvalTransform (centre square crop, resize, normalise)",
+    )
     return check_metrics({k: metrics[k] for k in sorted(metrics)}, PROTOCOL), used
 
 
-def evaluate(features: dict, settings: dict, seed: int, checkpoint_path=None) -> tuple[dict[str, float], dict]:
+def evaluate(
+    features: dict, settings: dict, seed: int, checkpoint_path=None
+) -> tuple[dict[str, float], dict]:
     """The protocol entry: `features` is only cross-checked (the images are fine-tuned on)."""
     if checkpoint_path is None:
-        raise ValueError("semisup fine-tunes the backbone and needs the checkpoint: pass checkpoint_path "
-                         "(`sslbench evaluate --checkpoint ...`)")
+        raise ValueError(
+            "semisup fine-tunes the backbone and needs the checkpoint: pass checkpoint_path "
+            "(`sslbench evaluate --checkpoint ...`)"
+        )
     resolve_settings(settings, DEFAULTS, PROTOCOL)  # unknown keys fail before anything is loaded
     ckpt = read_checkpoint(checkpoint_path, "cpu")
     data = load_data(ckpt["cfg"])
     if features is not None and int(features["num_classes"]) != data.num_classes:
-        raise ValueError(f"semisup: the features have {features['num_classes']} classes but {checkpoint_path}'s "
-                         f"dataset has {data.num_classes}; re-extract the features")
+        raise ValueError(
+            f"semisup: the features have {features['num_classes']} classes but {checkpoint_path}'s "
+            f"dataset has {data.num_classes}; re-extract the features"
+        )
     return run_semisup(ckpt, data, settings, seed, Path(checkpoint_path).parent / SUBSET_FOLDER)

@@ -1,4 +1,5 @@
 """sslbench: reproduce self-supervised learning methods in one harness and compare them."""
+
 __version__ = "0.1.0"
 __all__ = ["DataInfo", "EpochContext", "Method"]
 

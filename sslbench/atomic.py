@@ -3,13 +3,15 @@
 A reader (or a killed job) therefore sees either the old file or the new one,
 never half of one.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class OutputError(OSError):
@@ -23,7 +25,8 @@ def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
         raise OutputError(
-            f"cannot write {path}: {err.strerror}. Check that {path.parent} exists, is writable and has free space."
+            f"cannot write {path}: {err.strerror}. Check that {path.parent} exists, is writable "
+            "and has free space."
         ) from err
     try:
         with os.fdopen(fd, mode) as f:

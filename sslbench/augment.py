@@ -34,12 +34,13 @@ output size are downscaled with some aliasing (torchvision antialiases).  For
 the small images this benchmark mostly uses, crops are upscaled and nothing
 changes.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +84,9 @@ class ViewConfig:
             object.__setattr__(self, name, (float(value[0]), float(value[1])))  # YAML gives lists
         low, high = self.crop_scale
         if not 0 < low <= high <= 1:
-            raise ValueError(f"ViewConfig.crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+            raise ValueError(
+                f"ViewConfig.crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}"
+            )
         low, high = self.crop_ratio
         if not 0 < low <= high:
             raise ValueError(f"ViewConfig.crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}")
@@ -107,14 +110,26 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
     # blur p=0.5 with sigma ~ U(0.1, 2.0) and kernel height // 10 (ImageNet recipe; the
     # paper's CIFAR runs use strength 0.5 and no blur: override for those).
     "simclr": ViewConfig(
-        crop_scale=(0.08, 1.0), brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2,
-        jitter_p=0.8, gray_p=0.2, blur_p=0.5,
+        crop_scale=(0.08, 1.0),
+        brightness=0.8,
+        contrast=0.8,
+        saturation=0.8,
+        hue=0.2,
+        jitter_p=0.8,
+        gray_p=0.2,
+        blur_p=0.5,
     ),
     # facebookresearch/moco main_moco.py without --aug-plus (InstDisc's recipe):
     # crop (0.2, 1), grey p=0.2, ColorJitter(0.4, 0.4, 0.4, 0.4) always, flip.
     "mocov1": ViewConfig(
-        crop_scale=(0.2, 1.0), brightness=0.4, contrast=0.4, saturation=0.4, hue=0.4,
-        jitter_p=1.0, gray_p=0.2, blur_p=0.0,
+        crop_scale=(0.2, 1.0),
+        brightness=0.4,
+        contrast=0.4,
+        saturation=0.4,
+        hue=0.4,
+        jitter_p=1.0,
+        gray_p=0.2,
+        blur_p=0.0,
     ),
     # facebookresearch/moco main_moco.py --aug-plus (also PCL's recipe): crop (0.2, 1),
     # ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, grey p=0.2, blur sigma (0.1, 2) p=0.5, flip.
@@ -122,26 +137,45 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
     # HobbitLong/SupContrast main_supcon.py: crop (0.2, 1), flip,
     # ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, grey p=0.2, no blur.
     "supcon": ViewConfig(
-        crop_scale=(0.2, 1.0), brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1,
-        jitter_p=0.8, gray_p=0.2, blur_p=0.0,
+        crop_scale=(0.2, 1.0),
+        brightness=0.4,
+        contrast=0.4,
+        saturation=0.4,
+        hue=0.1,
+        jitter_p=0.8,
+        gray_p=0.2,
+        blur_p=0.0,
     ),
     # yukimasano/self-label data.py, augs=3 (main.py's default): RandomResizedCrop with
     # torchvision's default scale (0.08, 1), grey p=0.2, ColorJitter(0.4, 0.4, 0.4, 0.4)
     # always, flip.
     "sela": ViewConfig(
-        crop_scale=(0.08, 1.0), brightness=0.4, contrast=0.4, saturation=0.4, hue=0.4,
-        jitter_p=1.0, gray_p=0.2, blur_p=0.0,
+        crop_scale=(0.08, 1.0),
+        brightness=0.4,
+        contrast=0.4,
+        saturation=0.4,
+        hue=0.4,
+        jitter_p=1.0,
+        gray_p=0.2,
+        blur_p=0.0,
     ),
     # The standard supervised ImageNet recipe (pytorch/examples imagenet/main.py):
     # RandomResizedCrop (0.08, 1) + flip, no colour.  (SupContrast's main_ce.py uses
     # scale (0.2, 1) on CIFAR: override crop_scale to match it.)
     "supervised": ViewConfig(
-        crop_scale=(0.08, 1.0), jitter_p=0.0, gray_p=0.0, blur_p=0.0,
+        crop_scale=(0.08, 1.0),
+        jitter_p=0.0,
+        gray_p=0.0,
+        blur_p=0.0,
     ),
     # No augmentation: the whole (square) image resized to the output size.
     "none": ViewConfig(
-        crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0,
-        gray_p=0.0, blur_p=0.0,
+        crop_scale=(1.0, 1.0),
+        crop_ratio=(1.0, 1.0),
+        flip_p=0.0,
+        jitter_p=0.0,
+        gray_p=0.0,
+        blur_p=0.0,
     ),
 }
 
@@ -153,7 +187,9 @@ def view_config(preset: str = "mocov2", **overrides) -> ViewConfig:
     fields = {f.name for f in dataclasses.fields(ViewConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(f"unknown ViewConfig key(s) {unknown} for preset {preset!r}; valid keys: {sorted(fields)}")
+        raise ValueError(
+            f"unknown ViewConfig key(s) {unknown} for preset {preset!r}; valid keys: {sorted(fields)}"
+        )
     return dataclasses.replace(VIEW_PRESETS[preset], **overrides)
 
 
@@ -187,17 +223,23 @@ def dataset_stats(channels: int, images: torch.Tensor | None = None) -> tuple[li
     mean = total / count
     std = (total_sq / count - mean.square()).clamp_min(0).sqrt()
     if (std == 0).any():
-        raise ValueError(f"dataset_stats: a channel is constant (std {std.tolist()}); it cannot be normalised")
+        raise ValueError(
+            f"dataset_stats: a channel is constant (std {std.tolist()}); it cannot be normalised"
+        )
     return mean.tolist(), std.tolist()
 
 
 def _check_uint8_batch(images: torch.Tensor, channels: int, where: str) -> None:
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
-        raise ValueError(f"{where}: expected a uint8 tensor [B, C, H, W], got {type(images).__name__} "
-                         f"of shape {tuple(getattr(images, 'shape', ()))}")
+        raise ValueError(
+            f"{where}: expected a uint8 tensor [B, C, H, W], got {type(images).__name__} "
+            f"of shape {tuple(getattr(images, 'shape', ()))}"
+        )
     if images.dtype != torch.uint8:
-        raise ValueError(f"{where}: expected dtype uint8 (raw pixels 0..255), got {images.dtype}; "
-                         f"pass the dataset's uint8 images, not already-scaled floats")
+        raise ValueError(
+            f"{where}: expected dtype uint8 (raw pixels 0..255), got {images.dtype}; "
+            f"pass the dataset's uint8 images, not already-scaled floats"
+        )
     if images.shape[1] != channels:
         raise ValueError(f"{where}: expected {channels} channel(s), got shape {tuple(images.shape)}")
 
@@ -338,7 +380,9 @@ def _draw_crop_boxes(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator):
     """torchvision's RandomResizedCrop.get_params, for n samples at once."""
     area = in_h * in_w
     target_area = area * _uniform(n, *cfg.crop_scale, generator, (_CROP_TRIES,))
-    log_ratio = _uniform(n, math.log(cfg.crop_ratio[0]), math.log(cfg.crop_ratio[1]), generator, (_CROP_TRIES,))
+    log_ratio = _uniform(
+        n, math.log(cfg.crop_ratio[0]), math.log(cfg.crop_ratio[1]), generator, (_CROP_TRIES,)
+    )
     aspect = torch.exp(log_ratio)
     widths = torch.round(torch.sqrt(target_area * aspect))
     heights = torch.round(torch.sqrt(target_area / aspect))
@@ -373,12 +417,15 @@ def _draw_params(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator) -> _V
     flip = torch.rand(n, generator=generator) < cfg.flip_p
     jitter = torch.rand(n, generator=generator) < cfg.jitter_p
     jitter_order = torch.argsort(torch.rand((n, 4), generator=generator), dim=1)
-    factors = torch.stack([
-        _uniform(n, max(0.0, 1 - cfg.brightness), 1 + cfg.brightness, generator),
-        _uniform(n, max(0.0, 1 - cfg.contrast), 1 + cfg.contrast, generator),
-        _uniform(n, max(0.0, 1 - cfg.saturation), 1 + cfg.saturation, generator),
-        _uniform(n, -cfg.hue, cfg.hue, generator),
-    ], dim=1)
+    factors = torch.stack(
+        [
+            _uniform(n, max(0.0, 1 - cfg.brightness), 1 + cfg.brightness, generator),
+            _uniform(n, max(0.0, 1 - cfg.contrast), 1 + cfg.contrast, generator),
+            _uniform(n, max(0.0, 1 - cfg.saturation), 1 + cfg.saturation, generator),
+            _uniform(n, -cfg.hue, cfg.hue, generator),
+        ],
+        dim=1,
+    )
     gray = torch.rand(n, generator=generator) < cfg.gray_p
     blur = torch.rand(n, generator=generator) < cfg.blur_p
     sigma = _uniform(n, *cfg.blur_sigma, generator)
@@ -394,8 +441,9 @@ def _indices(mask: torch.Tensor, device: torch.device) -> torch.Tensor | None:
 # --------------------------------------------------------------------------------------
 
 
-def _sample_coordinates(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int,
-                        mirrored: torch.Tensor | None) -> torch.Tensor:
+def _sample_coordinates(
+    start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int, mirrored: torch.Tensor | None
+) -> torch.Tensor:
     """Where each output pixel samples the input along one axis, in grid_sample's
     normalised coordinates (align_corners=False: the image edges are at -1 and 1).
 
@@ -414,8 +462,9 @@ def _sample_coordinates(start: torch.Tensor, length: torch.Tensor, in_size: int,
 class ViewAugment(nn.Module):
     """One random view per image: uint8 [B, C, H, W] -> normalised float32 [B, C, S, S]."""
 
-    def __init__(self, image_size: int, channels: int, mean: Sequence[float], std: Sequence[float],
-                 config: ViewConfig):
+    def __init__(
+        self, image_size: int, channels: int, mean: Sequence[float], std: Sequence[float], config: ViewConfig
+    ):
         super().__init__()
         if int(image_size) <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
@@ -430,8 +479,12 @@ class ViewAugment(nn.Module):
         self.register_buffer("std", std_t, persistent=False)
         # Which jitter ops can change anything (a zero strength, or 1 channel, disables one).
         colour = channels == 3
-        self._jitter_enabled = (config.brightness > 0, config.contrast > 0,
-                                config.saturation > 0 and colour, config.hue > 0 and colour)
+        self._jitter_enabled = (
+            config.brightness > 0,
+            config.contrast > 0,
+            config.saturation > 0 and colour,
+            config.hue > 0 and colour,
+        )
 
     def extra_repr(self) -> str:
         return f"image_size={self.image_size}, channels={self.channels}, config={self.config}"
@@ -468,7 +521,9 @@ class ViewAugment(nn.Module):
         ys = _sample_coordinates(params.top, params.height, in_h, size, mirrored=None)
         device = images.device
         xs, ys = xs.to(device), ys.to(device)
-        grid = torch.stack((xs[:, None, :].expand(n, size, size), ys[:, :, None].expand(n, size, size)), dim=-1)
+        grid = torch.stack(
+            (xs[:, None, :].expand(n, size, size), ys[:, :, None].expand(n, size, size)), dim=-1
+        )
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
     def _jitter(self, x: torch.Tensor, params: _ViewParams, device: torch.device) -> None:
@@ -526,6 +581,11 @@ class EvalTransform(nn.Module):
             top, left = (in_h - side) // 2, (in_w - side) // 2
             x = x[:, :, top : top + side, left : left + side]
         if x.shape[-1] != self.image_size:
-            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
-                              align_corners=False, antialias=True).clamp_(0, 1)
+            x = F.interpolate(
+                x,
+                size=(self.image_size, self.image_size),
+                mode="bilinear",
+                align_corners=False,
+                antialias=True,
+            ).clamp_(0, 1)
         return (x - self.mean.to(x.device)) / self.std.to(x.device)

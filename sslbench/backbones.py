@@ -4,6 +4,7 @@ The small-image stem (3x3 conv, stride 1, no max-pool) is the CIFAR convention
 of SimCLR, SupCon and most CIFAR reproductions of MoCo; it applies to timm's
 ResNet family, whose stem is ``conv1`` + ``bn1`` + ``maxpool``.
 """
+
 from __future__ import annotations
 
 import timm

@@ -6,9 +6,10 @@ Folder datasets (ImageNet, Places205) are decoded by DataLoader workers with pin
 memory and persistent workers; the engine asks both for the same thing: the uint8
 images of a list of indices, in the order it chose.
 """
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -56,9 +57,14 @@ class FolderBatches:
     def __init__(self, images: ImageSet, device: torch.device, workers: int):
         self.device = device
         self.sampler = _ListSampler()
-        self.loader = DataLoader(_Decode(images), sampler=self.sampler, batch_size=None,
-                                 num_workers=workers, pin_memory=device.type == "cuda",
-                                 persistent_workers=workers > 0)
+        self.loader = DataLoader(
+            _Decode(images),
+            sampler=self.sampler,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            persistent_workers=workers > 0,
+        )
         self.size = len(images)
 
     def __len__(self) -> int:

@@ -6,7 +6,8 @@ repeats. Sections (``run_bench(sections=...)``):
 
 - step:     each method's training step (the engine's step: loss, backward, optimiser step,
             on_step_end) against a bare loop on the same backbone, batch, views (one concatenated
-            forward) and optimiser (loss = mean of the backbone's outputs). Views are made for both but timed apart;
+            forward) and optimiser (loss = mean of the backbone's outputs). Views are made for both but timed
+            apart;
             on_epoch_start hooks (PCL's E-step, SeLa's relabelling) are timed apart, per call.
 - views:    the view pipeline's images/s against the backbone's forward+backward images/s.
 - knn:      faiss ``knn_classify`` against scikit-learn's brute-force cosine kNN: speed-up and
@@ -22,6 +23,7 @@ repeats. Sections (``run_bench(sections=...)``):
 Every row is written to ``results/bench.csv`` (atomically) with the device, thread count,
 git commit and load average it was measured under.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,18 +38,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 import torch
 
 from . import atomic
-from .config import (ConfigError, deep_merge, discover_methods, load_yaml, resolve_method_config,
-                     selected_methods, validate_config)
+from .config import (
+    ConfigError,
+    deep_merge,
+    discover_methods,
+    load_yaml,
+    resolve_method_config,
+    selected_methods,
+    validate_config,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS_DIR = REPO / "methods"
@@ -55,12 +64,29 @@ CONFIG_DIR = REPO / "config"
 
 SECTIONS = ("step", "views", "knn", "kmeans", "sinkhorn", "memory", "dag")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "dag")  # dag takes minutes: only when asked
-COLUMNS = ["section", "name", "value", "unit", "reference", "ratio", "ratio_is", "target", "meets_target",
-           "notes", "device", "torch_threads", "omp_wait_policy", "malloc", "load_1min", "git_commit", "quick"]
+COLUMNS = [
+    "section",
+    "name",
+    "value",
+    "unit",
+    "reference",
+    "ratio",
+    "ratio_is",
+    "target",
+    "meets_target",
+    "notes",
+    "device",
+    "torch_threads",
+    "omp_wait_policy",
+    "malloc",
+    "load_1min",
+    "git_commit",
+    "quick",
+]
 
 # Targets of issue 7, on the ratio column.
-STEP_TARGET = ("<=", 1.10)      # method step / bare step
-VIEWS_TARGET = (">=", 3.0)      # view images/s / model images/s
+STEP_TARGET = ("<=", 1.10)  # method step / bare step
+VIEWS_TARGET = (">=", 3.0)  # view images/s / model images/s
 KNN_SPEEDUP_TARGET = (">=", 10.0)
 KNN_AGREEMENT_TARGET = (">=", 1.0)
 KMEANS_SPEEDUP_TARGET = (">=", 5.0)
@@ -82,22 +108,27 @@ class Sizes:
     sinkhorn_points: int = 50_000
     sinkhorn_clusters: int = 3000
 
-    def quick(self) -> "Sizes":
+    def quick(self) -> Sizes:
         return dataclasses.replace(
-            self, knn_train=self.knn_train // 10, knn_test=self.knn_test // 10,
-            kmeans_points=self.kmeans_points // 10, kmeans_k=max(2, self.kmeans_k // 10),
-            sinkhorn_points=self.sinkhorn_points // 10, sinkhorn_clusters=max(2, self.sinkhorn_clusters // 10))
+            self,
+            knn_train=self.knn_train // 10,
+            knn_test=self.knn_test // 10,
+            kmeans_points=self.kmeans_points // 10,
+            kmeans_k=max(2, self.kmeans_k // 10),
+            sinkhorn_points=self.sinkhorn_points // 10,
+            sinkhorn_clusters=max(2, self.sinkhorn_clusters // 10),
+        )
 
 
 @dataclass(frozen=True)
 class Repeats:
-    warmup: int = 3          # untimed rounds before each interleaved measurement
-    steps: int = 20          # timed A/B rounds of the step and views sections
-    solvers: int = 2         # timed A/B rounds of knn and kmeans
+    warmup: int = 3  # untimed rounds before each interleaved measurement
+    steps: int = 20  # timed A/B rounds of the step and views sections
+    solvers: int = 2  # timed A/B rounds of knn and kmeans
     hook_budget_s: float = 30.0  # stop walking a method's epochs once its hooks took this long
 
     @classmethod
-    def for_mode(cls, quick: bool) -> "Repeats":
+    def for_mode(cls, quick: bool) -> Repeats:
         return cls(warmup=1, steps=5, solvers=1, hook_budget_s=5.0) if quick else cls()
 
 
@@ -121,11 +152,21 @@ class Bench:
 # Entry point
 
 
-def run_bench(out_csv: str | Path = "results/bench.csv", sections: Iterable[str] = DEFAULT_SECTIONS,
-              quick: bool = False, config: str | Path | dict | None = None, *, threads: int | None = None,
-              methods: list[str] | None = None, device: str = "auto", sizes: Sizes | None = None,
-              repeats: Repeats | None = None, seed: int = 0, verbose: bool = True,
-              pin_malloc: bool = False) -> pd.DataFrame:
+def run_bench(
+    out_csv: str | Path = "results/bench.csv",
+    sections: Iterable[str] = DEFAULT_SECTIONS,
+    quick: bool = False,
+    config: str | Path | dict | None = None,
+    *,
+    threads: int | None = None,
+    methods: list[str] | None = None,
+    device: str = "auto",
+    sizes: Sizes | None = None,
+    repeats: Repeats | None = None,
+    seed: int = 0,
+    verbose: bool = True,
+    pin_malloc: bool = False,
+) -> pd.DataFrame:
     """Run the benchmark sections, write ``out_csv`` atomically, print a table; return the rows.
 
     config: None (config/default.yaml), a preset YAML merged over it (as ``--configfile``), or a
@@ -143,8 +184,18 @@ def run_bench(out_csv: str | Path = "results/bench.csv", sections: Iterable[str]
     malloc = pin_malloc_thresholds() if pin_malloc else "default"
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="sslbench-bench-") as tmp, thread_limits(threads):
-        bench = Bench(cfg, config_files, bench_methods(cfg, methods), sizes, repeats or Repeats.for_mode(quick),
-                      device, threads, seed, Path(tmp), quick)
+        bench = Bench(
+            cfg,
+            config_files,
+            bench_methods(cfg, methods),
+            sizes,
+            repeats or Repeats.for_mode(quick),
+            device,
+            threads,
+            seed,
+            Path(tmp),
+            quick,
+        )
         for section in sections:
             if verbose:
                 print(f"[sslbench bench] {section} ...", flush=True)
@@ -179,7 +230,9 @@ def check_sections(sections: Iterable[str]) -> list[str]:
     wanted = [sections] if isinstance(sections, str) else list(sections)
     unknown = [s for s in wanted if s not in SECTIONS]
     if unknown or not wanted:
-        raise ValueError(f"unknown benchmark section(s) {unknown or '(none given)'}; choose from {list(SECTIONS)}")
+        raise ValueError(
+            f"unknown benchmark section(s) {unknown or '(none given)'}; choose from {list(SECTIONS)}"
+        )
     return [s for s in SECTIONS if s in wanted]  # a fixed order, each once
 
 
@@ -191,7 +244,9 @@ def load_bench_config(config: str | Path | dict | None) -> tuple[dict, list[Path
         return config, None
     files = [default] if config is None else [default, Path(config)]
     if config is not None and not Path(config).is_file():
-        raise FileNotFoundError(f"benchmark config {config}: no such file; pass a preset such as config/<preset>.yaml")
+        raise FileNotFoundError(
+            f"benchmark config {config}: no such file; pass a preset such as config/<preset>.yaml"
+        )
     merged: dict = {}
     for file in files:
         merged = deep_merge(merged, load_yaml(file))
@@ -206,8 +261,10 @@ def bench_methods(config: dict, wanted: list[str] | None) -> list[str]:
         return names
     unknown = [m for m in wanted if m not in runnable]
     if unknown:
-        raise ConfigError(f"benchmark methods {unknown}: no such method folder with a method.py under "
-                          f"{METHODS_DIR}; known: {sorted(runnable)}")
+        raise ConfigError(
+            f"benchmark methods {unknown}: no such method folder with a method.py under "
+            f"{METHODS_DIR}; known: {sorted(runnable)}"
+        )
     return list(wanted)
 
 
@@ -239,11 +296,31 @@ def thread_limits(threads: int):
 # Rows and the table
 
 
-def row(section: str, name: str, value, unit: str, *, reference=None, ratio=None, ratio_is: str = "",
-        target: tuple[str, float] | None = None, notes: str = "") -> dict:
-    return {"section": section, "name": name, "value": value, "unit": unit, "reference": reference,
-            "ratio": ratio, "ratio_is": ratio_is, "target": f"{target[0]} {target[1]:g}" if target else "",
-            "meets_target": meets(ratio, target), "notes": notes, "load_1min": os.getloadavg()[0]}
+def row(
+    section: str,
+    name: str,
+    value,
+    unit: str,
+    *,
+    reference=None,
+    ratio=None,
+    ratio_is: str = "",
+    target: tuple[str, float] | None = None,
+    notes: str = "",
+) -> dict:
+    return {
+        "section": section,
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "reference": reference,
+        "ratio": ratio,
+        "ratio_is": ratio_is,
+        "target": f"{target[0]} {target[1]:g}" if target else "",
+        "meets_target": meets(ratio, target),
+        "notes": notes,
+        "load_1min": os.getloadavg()[0],
+    }
 
 
 def meets(ratio, target: tuple[str, float] | None) -> bool | None:
@@ -254,15 +331,18 @@ def meets(ratio, target: tuple[str, float] | None) -> bool | None:
 
 
 def to_frame(rows: list[dict], bench: Bench) -> pd.DataFrame:
-    from .provenance import device_name, git_state
-
     from .distributed import select_device
+    from .provenance import device_name, git_state
 
     device = device_name(select_device(bench.device))
     frame = pd.DataFrame(rows)
-    frame = frame.assign(device=device, torch_threads=bench.threads,
-                         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "unset"),
-                         git_commit=git_state()["git_commit"], quick=bench.quick)
+    frame = frame.assign(
+        device=device,
+        torch_threads=bench.threads,
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "unset"),
+        git_commit=git_state()["git_commit"],
+        quick=bench.quick,
+    )
     return frame.reindex(columns=COLUMNS)
 
 
@@ -272,15 +352,26 @@ def format_table(frame: pd.DataFrame) -> str:
             return ""
         return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
 
-    shown = frame[["section", "name", "value", "unit", "reference", "ratio", "ratio_is", "target", "meets_target"]]
-    shown = shown.assign(value=shown["value"].map(number), reference=shown["reference"].map(number),
-                         ratio=shown["ratio"].map(number),
-                         meets_target=shown["meets_target"].map(lambda m: "" if m is None or m != m else
-                                                                ("yes" if m else "NO")))
+    shown = frame[
+        ["section", "name", "value", "unit", "reference", "ratio", "ratio_is", "target", "meets_target"]
+    ]
+    shown = shown.assign(
+        value=shown["value"].map(number),
+        reference=shown["reference"].map(number),
+        ratio=shown["ratio"].map(number),
+        meets_target=shown["meets_target"].map(
+            lambda m: "" if m is None or m != m else ("yes" if m else "NO")
+        ),
+    )
     first = frame.iloc[0] if len(frame) else None
-    header = (f"device {first['device']}, {first['torch_threads']} threads, OMP_WAIT_POLICY "
-              f"{first['omp_wait_policy']}, malloc {first['malloc']}, commit {first['git_commit']}\n"
-              ) if first is not None else ""
+    header = (
+        (
+            f"device {first['device']}, {first['torch_threads']} threads, OMP_WAIT_POLICY "
+            f"{first['omp_wait_policy']}, malloc {first['malloc']}, commit {first['git_commit']}\n"
+        )
+        if first is not None
+        else ""
+    )
     return header + shown.to_string(index=False)
 
 
@@ -324,8 +415,11 @@ class BareLoop:
 
         cfg = trainer.cfg
         torch.manual_seed(trainer.seed)  # as build_method: the same initial weights
-        self.backbone = create_backbone(cfg["backbone"]["name"], in_chans=trainer.data.channels,
-                                        small_stem=cfg["backbone"].get("small_stem", False)).to(trainer.device)
+        self.backbone = create_backbone(
+            cfg["backbone"]["name"],
+            in_chans=trainer.data.channels,
+            small_stem=cfg["backbone"].get("small_stem", False),
+        ).to(trainer.device)
         if trainer.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         if trainer.compile_backbone:
@@ -351,20 +445,28 @@ def build_trainer(name: str, bench: Bench):
     from .engine import Trainer
 
     cfg = resolve_method_config(bench.config, METHODS_DIR, name)
-    return Trainer(METHODS_DIR / name, cfg, bench.seed, bench.workdir / "runs" / name, device=bench.device,
-                   progress=False)
+    return Trainer(
+        METHODS_DIR / name,
+        cfg,
+        bench.seed,
+        bench.workdir / "runs" / name,
+        device=bench.device,
+        progress=False,
+    )
 
 
 def batch(trainer, round_index: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 images, indices on the device) of a random batch, the same for both sides of a round.
     Fetched as the engine fetches them (its batch source), outside the timings."""
     generator = torch.Generator().manual_seed(seed * 7_919 + round_index + 1_000)
-    idx = torch.randperm(len(trainer.labels), generator=generator)[:trainer.batch_size]
+    idx = torch.randperm(len(trainer.labels), generator=generator)[: trainer.batch_size]
     images = next(iter(trainer.images.iterate([idx])))
     return images, idx.to(trainer.device)
 
 
-def make_views(trainer, images: torch.Tensor, round_index: int, seed: int) -> tuple[float, list[torch.Tensor]]:
+def make_views(
+    trainer, images: torch.Tensor, round_index: int, seed: int
+) -> tuple[float, list[torch.Tensor]]:
     """(seconds, views): Trainer.make_views with a generator seeded per round (identical for A and B)."""
     generator = torch.Generator().manual_seed(seed * 104_729 + round_index + 2_000)
 
@@ -380,7 +482,9 @@ def method_step(trainer, ctx, views: list[torch.Tensor], idx: torch.Tensor) -> N
     """The engine's own step (Trainer.train_step), views excluded."""
     from .engine import learning_rate
 
-    trainer.train_step(views, idx, learning_rate(trainer.train_cfg, trainer.state.step, trainer.steps_per_epoch), ctx)
+    trainer.train_step(
+        views, idx, learning_rate(trainer.train_cfg, trainer.state.step, trainer.steps_per_epoch), ctx
+    )
     sync(trainer.device)
 
 
@@ -418,10 +522,12 @@ def bench_step(bench: Bench) -> list[dict]:
 
         def round_of(step):
             """(view seconds, step seconds) of round i: the same batch and views for both loops."""
+
             def run(i):
                 images, idx = batch(trainer, i, bench.seed)
                 view_s, views = make_views(trainer, images, i, bench.seed)
                 return view_s, timed(lambda: step(views, idx))[0]
+
             return run
 
         run_method = round_of(lambda views, idx: method_step(trainer, ctx, views, idx))
@@ -436,27 +542,57 @@ def step_rows(name: str, trainer, pairs, hooks: list[float]) -> list[dict]:
     bare_model = [b[1] for _, b in pairs]
     with_views = [(m[0] + m[1]) / (b[0] + b[1]) for m, b in pairs]
     images = trainer.batch_size * trainer.method.num_views
-    shape = (f"batch {trainer.batch_size} x {trainer.method.num_views} view(s), "
-             f"{trainer.cfg['backbone']['name']} at {trainer.data.image_size}px, {trainer.train_cfg['optimizer']}; "
-             f"images/s: method {images / median(method_model):.0f}, bare {images / median(bare_model):.0f}")
+    shape = (
+        f"batch {trainer.batch_size} x {trainer.method.num_views} view(s), "
+        f"{trainer.cfg['backbone']['name']} at {trainer.data.image_size}px, "
+        f"{trainer.train_cfg['optimizer']}; "
+        f"images/s: method {images / median(method_model):.0f}, bare {images / median(bare_model):.0f}"
+    )
     rows = [
-        row("step", name, median(method_model), "s/step", reference=median(bare_model),
-            ratio=median(m / b for m, b in zip(method_model, bare_model)), ratio_is="method step / bare step",
-            target=STEP_TARGET, notes=(f"views excluded; ratio: median over {len(pairs)} interleaved rounds of "
-                                       f"each round's ratio (value, reference: plain medians); {shape}")),
-        row("step", f"{name} (with views)", median(m[0] + m[1] for m, _ in pairs), "s/step",
-            reference=median(b[0] + b[1] for _, b in pairs), ratio=median(with_views),
-            ratio_is="(views + method step) / (views + bare step)", notes="the engine's whole step"),
+        row(
+            "step",
+            name,
+            median(method_model),
+            "s/step",
+            reference=median(bare_model),
+            ratio=median(m / b for m, b in zip(method_model, bare_model)),
+            ratio_is="method step / bare step",
+            target=STEP_TARGET,
+            notes=(
+                f"views excluded; ratio: median over {len(pairs)} interleaved rounds of "
+                f"each round's ratio (value, reference: plain medians); {shape}"
+            ),
+        ),
+        row(
+            "step",
+            f"{name} (with views)",
+            median(m[0] + m[1] for m, _ in pairs),
+            "s/step",
+            reference=median(b[0] + b[1] for _, b in pairs),
+            ratio=median(with_views),
+            ratio_is="(views + method step) / (views + bare step)",
+            notes="the engine's whole step",
+        ),
     ]
     if hooks:
         step_s = median(method_model)
         epochs = len(hooks)
         share = sum(hooks) / (sum(hooks) + epochs * trainer.steps_per_epoch * step_s)
-        rows.append(row(
-            "step", f"{name} on_epoch_start", max(hooks), "s/call", reference=step_s, ratio=max(hooks) / step_s,
-            ratio_is="slowest hook call / method step",
-            notes=(f"{epochs} calls (epochs 0-{epochs - 1}), median {median(hooks):.3g} s; hooks are "
-                   f"{share:.1%} of those epochs' time ({trainer.steps_per_epoch} steps/epoch)")))
+        rows.append(
+            row(
+                "step",
+                f"{name} on_epoch_start",
+                max(hooks),
+                "s/call",
+                reference=step_s,
+                ratio=max(hooks) / step_s,
+                ratio_is="slowest hook call / method step",
+                notes=(
+                    f"{epochs} calls (epochs 0-{epochs - 1}), median {median(hooks):.3g} s; hooks are "
+                    f"{share:.1%} of those epochs' time ({trainer.steps_per_epoch} steps/epoch)"
+                ),
+            )
+        )
     return rows
 
 
@@ -482,12 +618,23 @@ def bench_views(bench: Bench) -> list[dict]:
         images = trainer.batch_size * trainer.method.num_views
         views_rate = images / median(v for v, _ in pairs)
         model_rate = images / median(m for _, m in pairs)
-        rows.append(row(
-            "views", name, views_rate, "images/s", reference=model_rate,
-            ratio=median(m / v for v, m in pairs), ratio_is="view images/s / model images/s", target=VIEWS_TARGET,
-            notes=(f"{trainer.method.num_views} view(s) x batch {trainer.batch_size}, augment "
-                   f"{trainer.cfg['augment'].get('preset', 'mocov2')}, image {trainer.data.image_size}px; "
-                   "model = backbone forward+backward")))
+        rows.append(
+            row(
+                "views",
+                name,
+                views_rate,
+                "images/s",
+                reference=model_rate,
+                ratio=median(m / v for v, m in pairs),
+                ratio_is="view images/s / model images/s",
+                target=VIEWS_TARGET,
+                notes=(
+                    f"{trainer.method.num_views} view(s) x batch {trainer.batch_size}, augment "
+                    f"{trainer.cfg['augment'].get('preset', 'mocov2')}, image {trainer.data.image_size}px; "
+                    "model = backbone forward+backward"
+                ),
+            )
+        )
     return rows
 
 
@@ -536,18 +683,42 @@ def bench_knn(bench: Bench) -> list[dict]:
         faiss_s, sklearn_s = median(a for a, _ in pairs), median(b for _, b in pairs)
         agreement = float(np.mean(out["ours"] == out["sklearn"]))
         rows += [
-            row("knn", f"{name} speed-up", faiss_s, "s", reference=sklearn_s, ratio=sklearn_s / faiss_s,
-                ratio_is="sklearn brute s / faiss s", target=KNN_SPEEDUP_TARGET,
-                notes=f"{shape}; fit+predict vs knn_classify+argmax"),
-            row("knn", f"{name} agreement", agreement, "fraction", ratio=agreement,
-                ratio_is="equal predictions / test points", target=KNN_AGREEMENT_TARGET,
-                notes=f"{int(round((1 - agreement) * s.knn_test))} of {s.knn_test} predictions differ"),
+            row(
+                "knn",
+                f"{name} speed-up",
+                faiss_s,
+                "s",
+                reference=sklearn_s,
+                ratio=sklearn_s / faiss_s,
+                ratio_is="sklearn brute s / faiss s",
+                target=KNN_SPEEDUP_TARGET,
+                notes=f"{shape}; fit+predict vs knn_classify+argmax",
+            ),
+            row(
+                "knn",
+                f"{name} agreement",
+                agreement,
+                "fraction",
+                ratio=agreement,
+                ratio_is="equal predictions / test points",
+                target=KNN_AGREEMENT_TARGET,
+                notes=f"{int(round((1 - agreement) * s.knn_test))} of {s.knn_test} predictions differ",
+            ),
         ]
     floor = gemm_seconds(test, train)
-    rows.append(row("knn", "similarity GEMM floor", floor, "s", reference=rows[0]["value"],
-                    ratio=rows[0]["value"] / floor, ratio_is="faiss knn s / test @ train.T s",
-                    notes=f"the matmul every exact kNN does, alone: no exact method beats sklearn by more than "
-                          f"{rows[0]['reference'] / floor:.2g}x here; a ratio near 1: faiss is GEMM-bound"))
+    rows.append(
+        row(
+            "knn",
+            "similarity GEMM floor",
+            floor,
+            "s",
+            reference=rows[0]["value"],
+            ratio=rows[0]["value"] / floor,
+            ratio_is="faiss knn s / test @ train.T s",
+            notes=f"the matmul every exact kNN does, alone: no exact method beats sklearn by more than "
+            f"{rows[0]['reference'] / floor:.2g}x here; a ratio near 1: faiss is GEMM-bound",
+        )
+    )
     return rows
 
 
@@ -576,14 +747,28 @@ def bench_kmeans(bench: Bench) -> list[dict]:
     out: dict = {}
 
     def ours(_):
-        seconds, found = timed(lambda: kmeans(torch.from_numpy(points), s.kmeans_k, niter=s.kmeans_iters,
-                                              seed=bench.seed, max_points_per_centroid=s.kmeans_points))
+        seconds, found = timed(
+            lambda: kmeans(
+                torch.from_numpy(points),
+                s.kmeans_k,
+                niter=s.kmeans_iters,
+                seed=bench.seed,
+                max_points_per_centroid=s.kmeans_points,
+            )
+        )
         out["ours"] = found.centroids.numpy()
         return seconds
 
     def sklearn(_):
-        model = KMeans(n_clusters=s.kmeans_k, init="random", n_init=1, max_iter=s.kmeans_iters, tol=0.0,
-                       algorithm="lloyd", random_state=bench.seed)
+        model = KMeans(
+            n_clusters=s.kmeans_k,
+            init="random",
+            n_init=1,
+            max_iter=s.kmeans_iters,
+            tol=0.0,
+            algorithm="lloyd",
+            random_state=bench.seed,
+        )
         seconds, fitted = timed(lambda: model.fit(points))
         out["sklearn"], out["sklearn_iters"] = fitted.cluster_centers_, fitted.n_iter_
         return seconds
@@ -592,27 +777,60 @@ def bench_kmeans(bench: Bench) -> list[dict]:
     faiss_s, sklearn_s = median(a for a, _ in pairs), median(b for _, b in pairs)
     ours_inertia, sklearn_inertia = inertia(points, out["ours"]), inertia(points, out["sklearn"])
     gap = (ours_inertia - sklearn_inertia) / sklearn_inertia
-    shape = (f"{s.kmeans_points} x {s.dim}-d random float32, k {s.kmeans_k}, {s.kmeans_iters} iterations "
-             f"(sklearn ran {out['sklearn_iters']}), random init, every point used by both")
+    shape = (
+        f"{s.kmeans_points} x {s.dim}-d random float32, k {s.kmeans_k}, {s.kmeans_iters} iterations "
+        f"(sklearn ran {out['sklearn_iters']}), random init, every point used by both"
+    )
     floor = s.kmeans_iters * gemm_seconds(points, out["ours"])
     return [
-        row("kmeans", f"k{s.kmeans_k} speed-up", faiss_s, "s", reference=sklearn_s, ratio=sklearn_s / faiss_s,
-            ratio_is="sklearn lloyd s / faiss s", target=KMEANS_SPEEDUP_TARGET, notes=shape),
-        row("kmeans", "assignment GEMM floor", floor, "s", reference=faiss_s, ratio=faiss_s / floor,
+        row(
+            "kmeans",
+            f"k{s.kmeans_k} speed-up",
+            faiss_s,
+            "s",
+            reference=sklearn_s,
+            ratio=sklearn_s / faiss_s,
+            ratio_is="sklearn lloyd s / faiss s",
+            target=KMEANS_SPEEDUP_TARGET,
+            notes=shape,
+        ),
+        row(
+            "kmeans",
+            "assignment GEMM floor",
+            floor,
+            "s",
+            reference=faiss_s,
+            ratio=faiss_s / floor,
             ratio_is="faiss s / iterations x points @ centroids.T s",
             notes=f"the matmul of every Lloyd iteration, alone: no exact Lloyd beats sklearn by more than "
-                  f"{sklearn_s / floor:.2g}x here; a ratio near 1: faiss is GEMM-bound"),
-        row("kmeans", f"k{s.kmeans_k} inertia gap", ours_inertia, "sum sq. dist.", reference=sklearn_inertia,
-            ratio=abs(gap), ratio_is="|faiss - sklearn| / sklearn inertia", target=KMEANS_GAP_TARGET,
-            notes=f"faiss is {gap:+.3%} against sklearn; both inertias by bench.inertia()"),
+            f"{sklearn_s / floor:.2g}x here; a ratio near 1: faiss is GEMM-bound",
+        ),
+        row(
+            "kmeans",
+            f"k{s.kmeans_k} inertia gap",
+            ours_inertia,
+            "sum sq. dist.",
+            reference=sklearn_inertia,
+            ratio=abs(gap),
+            ratio_is="|faiss - sklearn| / sklearn inertia",
+            target=KMEANS_GAP_TARGET,
+            notes=f"faiss is {gap:+.3%} against sklearn; both inertias by bench.inertia()",
+        ),
     ]
 
 
 def sela_settings(config: dict) -> dict:
     """lam, sinkhorn_tol and sinkhorn_max_iters as SeLa's resolved config sets them."""
-    params = resolve_method_config(config, METHODS_DIR, "sela")["params"] if (METHODS_DIR / "sela").is_dir() else {}
-    return {"lam": float(params.get("lam", 10)), "tol": float(params.get("sinkhorn_tol", 1e-4)),
-            "max_iters": int(params.get("sinkhorn_max_iters", 1000))}
+    params = (
+        resolve_method_config(config, METHODS_DIR, "sela")["params"]
+        if (METHODS_DIR / "sela").is_dir()
+        else {}
+    )
+    return {
+        "lam": float(params.get("lam", 10)),
+        "tol": float(params.get("sinkhorn_tol", 1e-4)),
+        "max_iters": int(params.get("sinkhorn_max_iters", 1000)),
+    }
 
 
 def bench_sinkhorn(bench: Bench) -> list[dict]:
@@ -628,31 +846,63 @@ def bench_sinkhorn(bench: Bench) -> list[dict]:
     del logits
     device = probs.device
     # One run: there is no rival to interleave with (at 50k x 3000 the arrays take ~2.4 GB).
-    seconds, (_, iterations) = timed(lambda: (sinkhorn(probs, settings["lam"], tol=settings["tol"],
-                                                       max_iters=settings["max_iters"], return_iters=True),
-                                              sync(device))[0])
+    seconds, (_, iterations) = timed(
+        lambda: (
+            sinkhorn(
+                probs,
+                settings["lam"],
+                tol=settings["tol"],
+                max_iters=settings["max_iters"],
+                return_iters=True,
+            ),
+            sync(device),
+        )[0]
+    )
     full_pass = min(timed(lambda: (torch.exp(probs), sync(device)))[0] for _ in range(3))
     # The log-domain form (the fallback) on the same kernel, a few iterations: seconds per iteration.
     log_kernel = settings["lam"] * probs.log()
     log_iterations = min(3, iterations)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # tol 0: it runs out of iterations on purpose
-        log_seconds, _ = timed(lambda: (_sinkhorn_log_scalings(log_kernel, 0.0, log_iterations), sync(device)))
-    del log_kernel
+        log_seconds, _ = timed(
+            lambda: (_sinkhorn_log_scalings(log_kernel, 0.0, log_iterations), sync(device))
+        )
+    log_kernel = None  # free it before the next measurement
     per_iteration, log_per_iteration = seconds / iterations, log_seconds / log_iterations
     name = f"{s.sinkhorn_points}x{s.sinkhorn_clusters}"
-    notes = (f"SeLa's settings: lam {settings['lam']:g}, tol {settings['tol']:g}, max_iters "
-             f"{settings['max_iters']}; probs = softmax of standard normal logits, float64, on {device}")
+    notes = (
+        f"SeLa's settings: lam {settings['lam']:g}, tol {settings['tol']:g}, max_iters "
+        f"{settings['max_iters']}; probs = softmax of standard normal logits, float64, on {device}"
+    )
     return [
-        row("sinkhorn", f"{name} seconds", seconds, "s", reference=full_pass,
-            ratio=per_iteration / full_pass, ratio_is="one iteration / one exp over the N x K matrix",
-            notes=notes + "; seconds include forming the kernel and the plan"),
-        row("sinkhorn", f"{name} iterations", iterations, "iterations",
-            notes=f"{per_iteration:.3g} s per iteration"),
-        row("sinkhorn", f"{name} log-domain iteration", log_per_iteration, "s/iteration", reference=per_iteration,
-            ratio=log_per_iteration / per_iteration, ratio_is="log-domain s / matrix-vector s, per iteration",
+        row(
+            "sinkhorn",
+            f"{name} seconds",
+            seconds,
+            "s",
+            reference=full_pass,
+            ratio=per_iteration / full_pass,
+            ratio_is="one iteration / one exp over the N x K matrix",
+            notes=notes + "; seconds include forming the kernel and the plan",
+        ),
+        row(
+            "sinkhorn",
+            f"{name} iterations",
+            iterations,
+            "iterations",
+            notes=f"{per_iteration:.3g} s per iteration",
+        ),
+        row(
+            "sinkhorn",
+            f"{name} log-domain iteration",
+            log_per_iteration,
+            "s/iteration",
+            reference=per_iteration,
+            ratio=log_per_iteration / per_iteration,
+            ratio_is="log-domain s / matrix-vector s, per iteration",
             notes=f"the fallback form (logsumexp) on the same kernel, {log_iterations} iterations; the "
-                  "matrix-vector figure includes forming the kernel and the plan"),
+            "matrix-vector figure includes forming the kernel and the plan",
+        ),
     ]
 
 
@@ -679,13 +929,20 @@ def run_measured(command: list[str], log: Path, env: dict | None = None) -> tupl
     peak_file = log.with_suffix(".maxrss")
     start = time.perf_counter()
     with open(log, "w") as out:
-        done = subprocess.run([sys.executable, "-c", PEAK_RSS_WRAPPER, str(peak_file), *command], cwd=REPO,
-                              stdout=out, stderr=subprocess.STDOUT, env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS_WRAPPER, str(peak_file), *command],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         tail = log.read_text()[-2000:]
-        raise RuntimeError(f"benchmark command failed (exit {done.returncode}): {' '.join(command)}\n"
-                           f"last lines of {log}:\n{tail}")
+        raise RuntimeError(
+            f"benchmark command failed (exit {done.returncode}): {' '.join(command)}\n"
+            f"last lines of {log}:\n{tail}"
+        )
     return wall, int(peak_file.read_text()) / 1024  # Linux reports KiB
 
 
@@ -708,28 +965,81 @@ def bench_memory(bench: Bench) -> list[dict]:
     threads = ["--threads", str(bench.threads)]
     folder = bench.workdir / "memory"
     env = child_env()
-    _, baseline = run_measured([sys.executable, "-c", "import torch, sslbench.engine, evaluation.common"],
-                               folder / "import.log", env)
+    _, baseline = run_measured(
+        [sys.executable, "-c", "import torch, sslbench.engine, evaluation.common"], folder / "import.log", env
+    )
     name = memory_method(bench.methods)
     cfg = resolve_method_config(bench.config, METHODS_DIR, name)
     run = folder / name
-    jobs = [("pretrain", name, cli + ["pretrain", "--method-dir", str(METHODS_DIR / name), "--config-json",
-                                      json.dumps(cfg), "--seed", str(bench.seed), "--out", str(run), "--quiet"])]
-    jobs.append(("extract", name, cli + ["extract", "--checkpoint", str(run / "checkpoint.pt"), "--out",
-                                         str(run / "features.npz")]))
+    jobs = [
+        (
+            "pretrain",
+            name,
+            cli
+            + [
+                "pretrain",
+                "--method-dir",
+                str(METHODS_DIR / name),
+                "--config-json",
+                json.dumps(cfg),
+                "--seed",
+                str(bench.seed),
+                "--out",
+                str(run),
+                "--quiet",
+            ],
+        )
+    ]
+    jobs.append(
+        (
+            "extract",
+            name,
+            cli + ["extract", "--checkpoint", str(run / "checkpoint.pt"), "--out", str(run / "features.npz")],
+        )
+    )
     for protocol in bench.config.get("protocols", []):
         settings = json.dumps(bench.config.get("evaluation", {}).get(protocol, {}))
-        jobs.append(("evaluate", f"{name} {protocol}", cli + [
-            "evaluate", "--protocol", protocol, "--features", str(run / "features.npz"), "--checkpoint",
-            str(run / "checkpoint.pt"), "--settings-json", settings, "--seed", str(bench.seed),
-            "--out", str(run / "eval" / f"{protocol}.json")]))
+        jobs.append(
+            (
+                "evaluate",
+                f"{name} {protocol}",
+                cli
+                + [
+                    "evaluate",
+                    "--protocol",
+                    protocol,
+                    "--features",
+                    str(run / "features.npz"),
+                    "--checkpoint",
+                    str(run / "checkpoint.pt"),
+                    "--settings-json",
+                    settings,
+                    "--seed",
+                    str(bench.seed),
+                    "--out",
+                    str(run / "eval" / f"{protocol}.json"),
+                ],
+            )
+        )
     rows = []
     for rule, label, command in jobs:
-        wall, peak = run_measured(command + threads, folder / "logs" / f"{rule}_{label.replace(' ', '_')}.log", env)
+        wall, peak = run_measured(
+            command + threads, folder / "logs" / f"{rule}_{label.replace(' ', '_')}.log", env
+        )
         declared = float(bench.config.get("resources", {}).get(rule, {}).get("mem_mb", 4000))
-        rows.append(row("memory", f"{rule} {label}", peak, "MiB", reference=declared, ratio=peak / declared,
-                        ratio_is="peak RSS / declared resources.mem_mb", target=("<=", 1.0),
-                        notes=f"wall {wall:.1f} s; a bare `import torch, sslbench` peaks at {baseline:.0f} MiB"))
+        rows.append(
+            row(
+                "memory",
+                f"{rule} {label}",
+                peak,
+                "MiB",
+                reference=declared,
+                ratio=peak / declared,
+                ratio_is="peak RSS / declared resources.mem_mb",
+                target=("<=", 1.0),
+                notes=f"wall {wall:.1f} s; a bare `import torch, sslbench` peaks at {baseline:.0f} MiB",
+            )
+        )
     return rows
 
 
@@ -748,10 +1058,22 @@ def snakemake_benchmarks(folder: Path) -> pd.DataFrame:
 
 
 def snakemake_command(bench: Bench, directory: Path) -> list[str]:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(directory), "--cores", "all", "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(directory),
+        "--cores",
+        "all",
+        "--quiet",
+    ]
     files = bench.config_files
-    if files is None:  # a config dict: hand it to snakemake as a file (merged over default.yaml, which it covers)
+    if (
+        files is None
+    ):  # a config dict: hand it to snakemake as a file (merged over default.yaml, which it covers)
         import yaml
 
         files = [bench.workdir / "bench_config.yaml"]
@@ -769,24 +1091,56 @@ def bench_dag(bench: Bench) -> list[dict]:
     jobs = snakemake_benchmarks(directory)
     rows = [
         row("dag", "full run", full_s, "s", notes=f"{' '.join(command[1:3])} ... from a clean folder"),
-        row("dag", "no-op rerun", noop_s, "s", reference=full_s, ratio=noop_s / full_s,
-            ratio_is="no-op rerun s / full run s", notes="nothing to do: planning cost only"),
-        row("dag", "largest process", largest, "MiB",
-            notes="peak RSS of the largest process in the run (getrusage of snakemake's process tree)"),
+        row(
+            "dag",
+            "no-op rerun",
+            noop_s,
+            "s",
+            reference=full_s,
+            ratio=noop_s / full_s,
+            ratio_is="no-op rerun s / full run s",
+            notes="nothing to do: planning cost only",
+        ),
+        row(
+            "dag",
+            "largest process",
+            largest,
+            "MiB",
+            notes="peak RSS of the largest process in the run (getrusage of snakemake's process tree)",
+        ),
     ]
     if jobs.empty:
-        rows.append(row("dag", "peak memory per job", None, "MiB",
-                        notes="not measured: the Snakefile has no `benchmark:` directives (add "
-                              "`benchmark: RUN + '/benchmarks/<rule>.tsv'` to pretrain, extract, evaluate)"))
+        rows.append(
+            row(
+                "dag",
+                "peak memory per job",
+                None,
+                "MiB",
+                notes="not measured: the Snakefile has no `benchmark:` directives (add "
+                "`benchmark: RUN + '/benchmarks/<rule>.tsv'` to pretrain, extract, evaluate)",
+            )
+        )
     else:
         for _, job in jobs.iterrows():
-            rows.append(row("dag", f"job {job['file']}", float(job["max_rss"]), "MiB",
-                            notes=f"wall {float(job['s']):.1f} s (Snakemake benchmark file)"))
+            rows.append(
+                row(
+                    "dag",
+                    f"job {job['file']}",
+                    float(job["max_rss"]),
+                    "MiB",
+                    notes=f"wall {float(job['s']):.1f} s (Snakemake benchmark file)",
+                )
+            )
     shutil.rmtree(directory, ignore_errors=True)
     return rows
 
 
 SECTION_RUNNERS: dict[str, Callable[[Bench], list[dict]]] = {
-    "step": bench_step, "views": bench_views, "knn": bench_knn, "kmeans": bench_kmeans,
-    "sinkhorn": bench_sinkhorn, "memory": bench_memory, "dag": bench_dag,
+    "step": bench_step,
+    "views": bench_views,
+    "knn": bench_knn,
+    "kmeans": bench_kmeans,
+    "sinkhorn": bench_sinkhorn,
+    "memory": bench_memory,
+    "dag": bench_dag,
 }

@@ -1,4 +1,5 @@
 """``sslbench pretrain|extract|evaluate|collect|report``: the commands the Snakefile runs; ``bench``."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,14 @@ def _threads(n: int | None) -> None:
 def cmd_pretrain(args) -> None:
     from .engine import pretrain
 
-    pretrain(args.method_dir, json.loads(args.config_json), args.seed, args.out, device=args.device,
-             progress=not args.quiet)
+    pretrain(
+        args.method_dir,
+        json.loads(args.config_json),
+        args.seed,
+        args.out,
+        device=args.device,
+        progress=not args.quiet,
+    )
 
 
 def cmd_extract(args) -> None:
@@ -34,8 +41,14 @@ def cmd_extract(args) -> None:
 def cmd_evaluate(args) -> None:
     from .results import run_protocol
 
-    run_protocol(args.protocol, args.features, json.loads(args.settings_json), args.seed, args.out,
-                 checkpoint_path=args.checkpoint)
+    run_protocol(
+        args.protocol,
+        args.features,
+        json.loads(args.settings_json),
+        args.seed,
+        args.out,
+        checkpoint_path=args.checkpoint,
+    )
 
 
 def cmd_collect(args) -> None:
@@ -57,9 +70,17 @@ def cmd_report(args) -> None:
 def cmd_bench(args) -> None:
     from .bench import DEFAULT_SECTIONS, run_bench
 
-    run_bench(args.out, sections=args.sections or list(DEFAULT_SECTIONS), quick=args.quick, config=args.config,
-              threads=args.threads, methods=args.methods, device=args.device, verbose=not args.quiet,
-              pin_malloc=True)
+    run_bench(
+        args.out,
+        sections=args.sections or list(DEFAULT_SECTIONS),
+        quick=args.quick,
+        config=args.config,
+        threads=args.threads,
+        methods=args.methods,
+        device=args.device,
+        verbose=not args.quiet,
+        pin_malloc=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("bench", help="every stage as side-by-side ratios -> results/bench.csv")
     p.add_argument("--out", default="results/bench.csv")
-    p.add_argument("--sections", nargs="+", default=None,
-                   help="step views knn kmeans sinkhorn memory dag (default: all but dag)")
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        default=None,
+        help="step views knn kmeans sinkhorn memory dag (default: all but dag)",
+    )
     p.add_argument("--quick", action="store_true", help="sizes / 10, fewer repeats")
     p.add_argument("--config", default=None, help="a preset merged over config/default.yaml")
     p.add_argument("--methods", nargs="+", default=None)

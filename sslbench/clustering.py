@@ -182,7 +182,9 @@ def _sinkhorn_log_scalings(
 _SMALLEST_COLUMN_MAX = 1e-250
 
 
-def _sinkhorn_scalings(kernel: torch.Tensor, tol: float, max_iters: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+def _sinkhorn_scalings(
+    kernel: torch.Tensor, tol: float, max_iters: int
+) -> tuple[torch.Tensor, torch.Tensor, int] | None:
     """Sinkhorn's updates and stopping rule of _sinkhorn_log_scalings as matrix-vector products
     (SeLa's own form) on kernel = exp(log_kernel - row max), from a = 1/N: a [N], b [K] with
     diag(a) kernel diag(b) the plan (the same unique plan the log domain converges to). None when
@@ -194,7 +196,11 @@ def _sinkhorn_scalings(kernel: torch.Tensor, tol: float, max_iters: int) -> tupl
         iterations += 1
         b = (1.0 / num_cols) / (a @ kernel)
         row_sums_without_a = kernel @ b
-        if not (torch.isfinite(b).all() and (row_sums_without_a > 0).all() and torch.isfinite(row_sums_without_a).all()):
+        if not (
+            torch.isfinite(b).all()
+            and (row_sums_without_a > 0).all()
+            and torch.isfinite(row_sums_without_a).all()
+        ):
             return None
         row_error = (a * row_sums_without_a * num_rows - 1).abs().max()
         if row_error <= tol:
@@ -259,7 +265,11 @@ def sinkhorn(
 
     kernel = log_kernel()
     kernel.sub_(kernel.amax(dim=1, keepdim=True)).exp_()  # row max 1: P^lam up to a factor per row
-    found = _sinkhorn_scalings(kernel, tol, max_iters) if kernel.amax(dim=0).min() >= _SMALLEST_COLUMN_MAX else None
+    found = (
+        _sinkhorn_scalings(kernel, tol, max_iters)
+        if kernel.amax(dim=0).min() >= _SMALLEST_COLUMN_MAX
+        else None
+    )
     if found is not None:
         a, b, iterations = found
         plan = kernel.mul_(a[:, None]).mul_(b[None, :])
@@ -272,7 +282,9 @@ def sinkhorn(
     return (plan, iterations) if return_iters else plan
 
 
-def sinkhorn_labels(probs: torch.Tensor, lam: float, tol: float = 1e-6, max_iters: int = 1000) -> torch.Tensor:
+def sinkhorn_labels(
+    probs: torch.Tensor, lam: float, tol: float = 1e-6, max_iters: int = 1000
+) -> torch.Tensor:
     """SeLa's pseudo-labels: the argmax of each row of the Sinkhorn plan, LongTensor [N]."""
     return sinkhorn(probs, lam, tol=tol, max_iters=max_iters).argmax(dim=1)
 

@@ -5,6 +5,7 @@ preset), the method's own ``methods/<name>/config.yaml``, then the preset's
 ``method_overrides.<name>``.  The resolved config of a run is stored in every
 checkpoint and result, so a number never loses the settings that produced it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,7 +24,11 @@ METHOD_SECTIONS = ("train", "augment")
 
 def discover_methods(methods_dir: str | Path) -> list[str]:
     """Every folder under methods/ with a method.py; names starting with _ or . are skipped."""
-    return [name for name in list_method_folders(methods_dir) if (Path(methods_dir) / name / "method.py").is_file()]
+    return [
+        name
+        for name in list_method_folders(methods_dir)
+        if (Path(methods_dir) / name / "method.py").is_file()
+    ]
 
 
 def list_method_folders(methods_dir: str | Path) -> list[str]:
@@ -49,8 +54,10 @@ def validate_config(config: dict, schema_path: str | Path, config_files: list[st
             for key in extra:
                 key_path = path + [key]
                 known = sorted(err.schema.get("properties", {}))
-                problems.append(f"unknown key `{_dotted(key_path)}`{_where(key_path, config_files)}; "
-                                f"known keys here: {known}. Fix the spelling or remove it.")
+                problems.append(
+                    f"unknown key `{_dotted(key_path)}`{_where(key_path, config_files)}; "
+                    f"known keys here: {known}. Fix the spelling or remove it."
+                )
             continue
         problems.append(f"config key `{_dotted(path)}`{_where(path, config_files)}: {err.message}")
     if problems:
@@ -86,13 +93,20 @@ def preflight(config: dict) -> None:
 
     name = config["backbone"]["name"]
     if name not in timm.list_models():
-        raise ConfigError(f"config key `backbone.name`: {name!r} is not a timm model; similar names: "
-                          f"{timm.list_models(f'*{name}*')[:10] or 'none'} (see timm.list_models())")
+        raise ConfigError(
+            f"config key `backbone.name`: {name!r} is not a timm model; similar names: "
+            f"{timm.list_models(f'*{name}*')[:10] or 'none'} (see timm.list_models())"
+        )
     data = config["dataset"]
     if data["name"] != "imagefolder":  # an ImageNet-size folder is checked by its first job instead
         try:
-            load_dataset(data["name"], root=data.get("root"), download=data.get("download", False),
-                         image_size=data.get("image_size"), **data.get("options", {}))
+            load_dataset(
+                data["name"],
+                root=data.get("root"),
+                download=data.get("download", False),
+                image_size=data.get("image_size"),
+                **data.get("options", {}),
+            )
         except DatasetError as err:
             raise ConfigError(f"config key `dataset`: {err}") from err
 
@@ -108,8 +122,10 @@ def paper_entries(path: str | Path) -> list[dict]:
     for i, entry in enumerate(entries):
         missing = [k for k in PAPER_FIELDS if not isinstance(entry, dict) or k not in entry]
         if missing:
-            raise ConfigError(f"{path}: results[{i}] lacks {missing}; every entry needs {list(PAPER_FIELDS)} "
-                              "(see methods/_template/paper.yaml)")
+            raise ConfigError(
+                f"{path}: results[{i}] lacks {missing}; every entry needs {list(PAPER_FIELDS)} "
+                "(see methods/_template/paper.yaml)"
+            )
     return entries
 
 
@@ -117,8 +133,8 @@ def method_problems(methods_dir: str | Path, names: list[str] | None = None) -> 
     """{method: what is wrong} for method folders that cannot run, checked before any training.
 
     Looks at every folder under methods/ (or just ``names``): a missing method.py, a config.yaml
-    that does not parse, a paper.yaml with missing fields, and a method.py that fails to import, has no Method subclass or lacks
-    a required hook.
+    that does not parse, a paper.yaml with missing fields, and a method.py that fails to import, has no
+    Method subclass or lacks a required hook.
     """
     from .plugins import PluginError, load_method_class  # imports torch: only when checking
 
@@ -147,7 +163,9 @@ def load_yaml(path: str | Path) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys to values at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: expected a mapping of keys to values at the top level, got {type(data).__name__}"
+        )
     return data
 
 

@@ -8,6 +8,7 @@ Files are read by our own parsers, not torchvision's dataset classes: those veri
 the official archives, which real-format test files (and trimmed local copies) cannot pass.
 torchvision is used only to download, and only when `download=True`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,9 +18,9 @@ import os
 import pickle
 import struct
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -100,13 +101,16 @@ def _index_tensor(indices, length: int) -> torch.Tensor:
 
 
 def decode_image(path: str, size: int, channels: int = 3) -> torch.Tensor:
-    """Decode with PIL, resize the shorter side to `size`, centre-crop to size x size: uint8 [C, size, size]."""
+    """Decode with PIL, resize the shorter side to `size`, centre-crop to size x size: uint8 [C, "
+    "size, size]."""
     mode = {1: "L", 3: "RGB"}[channels]
     try:
         with Image.open(path) as opened:
             image = opened.convert(mode)  # convert() forces the full decode, so damage shows here
     except (OSError, SyntaxError, ValueError) as error:
-        raise DatasetError(f"{path}: cannot decode image ({error}); the file is damaged or truncated") from error
+        raise DatasetError(
+            f"{path}: cannot decode image ({error}); the file is damaged or truncated"
+        ) from error
     width, height = image.size
     scale = size / min(width, height)
     new_width, new_height = max(size, round(width * scale)), max(size, round(height * scale))
@@ -125,7 +129,9 @@ def resize_images(images: torch.Tensor, size: int, chunk: int = 1024) -> torch.T
     out = torch.empty((len(images), images.shape[1], size, size), dtype=torch.uint8)
     for start in range(0, len(images), chunk):  # chunks bound the float32 copy's memory
         batch = images[start : start + chunk].float()
-        resized = F.interpolate(batch, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        resized = F.interpolate(
+            batch, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+        )
         out[start : start + chunk] = resized.round().clamp(0, 255).to(torch.uint8)
     return out
 
@@ -151,21 +157,25 @@ def _find(folder: Path, name: str, allow_gz: bool = False) -> Path | None:
     return None
 
 
-def _locate(dataset: str, folders: list[Path], names: list[str], how_to_get: str, allow_gz: bool = False) -> dict[str, Path]:
+def _locate(
+    dataset: str, folders: list[Path], names: list[str], how_to_get: str, allow_gz: bool = False
+) -> dict[str, Path]:
     """Paths of `names` in the first folder that holds them all; else an error listing what each lacks."""
     for folder in folders:
         found = {name: _find(folder, name, allow_gz) for name in names}
         if all(found.values()):
             return found
     report = "\n".join(
-        f"  {folder}: missing {', '.join(n for n in names if _find(folder, n, allow_gz) is None)}" for folder in folders
+        f"  {folder}: missing {', '.join(n for n in names if _find(folder, n, allow_gz) is None)}"
+        for folder in folders
     )
     raise DatasetError(f"{dataset}: dataset files not found. Looked in:\n{report}\nTo get them: {how_to_get}")
 
 
 def _download_hint(dataset: str, folder: Path) -> str:
     return (
-        f"call load_dataset({dataset!r}, root=..., download=True) (or `--download`) to fetch them with torchvision "
+        f"call load_dataset({dataset!r}, root=..., download=True) (or `--download`) to fetch them "
+        "with torchvision "
         f"into {folder}, or pass root= pointing at a folder that holds them"
     )
 
@@ -179,7 +189,9 @@ def _torchvision_download(class_name: str, root: Path, *variants: dict) -> None:
         getattr(torchvision.datasets, class_name)(str(root), download=True, **arguments)
 
 
-def _locate_or_download(dataset, folders, names, download, fetch: Callable[[], None], how_to_get, allow_gz=False):
+def _locate_or_download(
+    dataset, folders, names, download, fetch: Callable[[], None], how_to_get, allow_gz=False
+):
     try:
         return _locate(dataset, folders, names, how_to_get, allow_gz)
     except DatasetError:
@@ -221,21 +233,36 @@ FASHION_MNIST_FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 FASHION_MNIST_CLASSES = [
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 ]
 
 
 def read_idx(path, expected_ndim: int) -> np.ndarray:
-    """Parse an IDX file of unsigned bytes (optionally gzipped): magic 0x0000 08 <ndim>, big-endian dims, data."""
+    """Parse an IDX file of unsigned bytes (optionally gzipped): magic 0x0000 08 <ndim>, "
+    "big-endian dims, data."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as handle:
             raw = handle.read()
     except (OSError, EOFError) as error:  # bad or truncated gzip stream
-        raise DatasetError(f"{path}: cannot read ({error}); the file is damaged or truncated, fetch it again") from error
+        raise DatasetError(
+            f"{path}: cannot read ({error}); the file is damaged or truncated, fetch it again"
+        ) from error
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != 0x08:
-        raise DatasetError(f"{path}: not an IDX file of unsigned bytes (magic {raw[:4].hex() or 'missing'}, expected 000008..)")
+        raise DatasetError(
+            f"{path}: not an IDX file of unsigned bytes (magic {raw[:4].hex() or 'missing'}, "
+            "expected 000008..)"
+        )
     if raw[3] != expected_ndim:
         raise DatasetError(f"{path}: IDX file has {raw[3]} dimensions, expected {expected_ndim}")
     header = 4 + 4 * expected_ndim
@@ -245,7 +272,8 @@ def read_idx(path, expected_ndim: int) -> np.ndarray:
     expected_bytes = header + int(np.prod(dims))
     if len(raw) != expected_bytes:
         raise DatasetError(
-            f"{path}: header declares shape {dims} ({expected_bytes} bytes) but the file has {len(raw)} bytes; "
+            f"{path}: header declares shape {dims} ({expected_bytes} bytes) but the file has "
+            f"{len(raw)} bytes; "
             "it is truncated or damaged, fetch it again"
         )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()
@@ -255,7 +283,9 @@ def _read_idx_split(images_path: Path, labels_path: Path) -> ImageSet:
     images = read_idx(images_path, 3)
     labels = read_idx(labels_path, 1)
     if len(images) != len(labels):
-        raise DatasetError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+        raise DatasetError(
+            f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels"
+        )
     return _in_memory(images[:, None], labels)
 
 
@@ -266,13 +296,19 @@ def _load_fashion_mnist(root=None, download=False, image_size=None) -> Dataset:
     how = (
         "`apt-get install dataset-fashion-mnist` (installs them in "
         f"{FASHION_MNIST_SYSTEM_DIR}), or pass root= pointing at a folder holding the four IDX files "
-        f"(optionally .gz), or download=True to fetch them with torchvision into {download_root / 'FashionMNIST' / 'raw'}"
+        "(optionally .gz), or download=True to fetch them with torchvision into "
+        f"{download_root / 'FashionMNIST' / 'raw'}"
     )
     if download:
         folders.append(download_root / "FashionMNIST" / "raw")
     found = _locate_or_download(
-        "fashion_mnist", folders, list(FASHION_MNIST_FILES.values()), download,
-        lambda: _torchvision_download("FashionMNIST", download_root, {"train": True}, {"train": False}), how, allow_gz=True,
+        "fashion_mnist",
+        folders,
+        list(FASHION_MNIST_FILES.values()),
+        download,
+        lambda: _torchvision_download("FashionMNIST", download_root, {"train": True}, {"train": False}),
+        how,
+        allow_gz=True,
     )
     paths = {key: found[name] for key, name in FASHION_MNIST_FILES.items()}
     return Dataset(
@@ -286,7 +322,7 @@ def _load_fashion_mnist(root=None, download=False, image_size=None) -> Dataset:
     )
 
 
-# --------------------------------------------------------------------------- cifar10 / cifar100 (python pickles)
+# ------------------------------------------------------------------ cifar10 / cifar100 (python pickles)
 
 CIFAR_PIXELS = 3 * 32 * 32
 
@@ -295,8 +331,12 @@ def _read_pickle(path: Path) -> dict:
     try:
         with open(path, "rb") as handle:
             content = pickle.load(handle, encoding="bytes")  # the official files are Python 2 pickles
-    except Exception as error:  # a damaged pickle fails in many ways (EOFError, UnpicklingError, ValueError...)
-        raise DatasetError(f"{path}: cannot unpickle ({error!r}); the file is damaged or truncated, fetch it again") from error
+    except (
+        Exception
+    ) as error:  # a damaged pickle fails in many ways (EOFError, UnpicklingError, ValueError...)
+        raise DatasetError(
+            f"{path}: cannot unpickle ({error!r}); the file is damaged or truncated, fetch it again"
+        ) from error
     if not isinstance(content, dict):
         raise DatasetError(f"{path}: expected a pickled dict, found {type(content).__name__}")
     return {key.decode() if isinstance(key, bytes) else key: value for key, value in content.items()}
@@ -329,12 +369,27 @@ def _cifar_split(paths: list[Path], label_key: str) -> ImageSet:
     return _in_memory(np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches]))
 
 
-def _load_cifar(name, folder_name, train_files, test_files, label_key, meta_file, names_key, num_classes,
-                torchvision_class, root, download) -> Dataset:
+def _load_cifar(
+    name,
+    folder_name,
+    train_files,
+    test_files,
+    label_key,
+    meta_file,
+    names_key,
+    num_classes,
+    torchvision_class,
+    root,
+    download,
+) -> Dataset:
     base = _data_root(root)
     found = _locate_or_download(
-        name, [base / folder_name, base], train_files + test_files, download,
-        lambda: _torchvision_download(torchvision_class, base, {"train": True}), _download_hint(name, base),
+        name,
+        [base / folder_name, base],
+        train_files + test_files,
+        download,
+        lambda: _torchvision_download(torchvision_class, base, {"train": True}),
+        _download_hint(name, base),
     )
     folder = found[train_files[0]].parent
     return Dataset(
@@ -350,15 +405,33 @@ def _load_cifar(name, folder_name, train_files, test_files, label_key, meta_file
 
 def _load_cifar10(root=None, download=False, image_size=None) -> Dataset:
     return _load_cifar(
-        "cifar10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
-        "labels", "batches.meta", "label_names", 10, "CIFAR10", root, download,
+        "cifar10",
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)],
+        ["test_batch"],
+        "labels",
+        "batches.meta",
+        "label_names",
+        10,
+        "CIFAR10",
+        root,
+        download,
     )
 
 
 def _load_cifar100(root=None, download=False, image_size=None) -> Dataset:
     return _load_cifar(
-        "cifar100", "cifar-100-python", ["train"], ["test"],
-        "fine_labels", "meta", "fine_label_names", 100, "CIFAR100", root, download,
+        "cifar100",
+        "cifar-100-python",
+        ["train"],
+        ["test"],
+        "fine_labels",
+        "meta",
+        "fine_label_names",
+        100,
+        "CIFAR100",
+        root,
+        download,
     )
 
 
@@ -374,14 +447,17 @@ def _read_stl_split(images_path: Path, labels_path: Path) -> ImageSet:
     per_image = int(np.prod(STL_SHAPE))
     if raw.size == 0 or raw.size % per_image:
         raise DatasetError(
-            f"{images_path}: {raw.size} bytes is not a whole number of 3x96x96 images ({per_image} bytes each); "
+            f"{images_path}: {raw.size} bytes is not a whole number of 3x96x96 images ({per_image} "
+            "bytes each); "
             "the file is truncated, fetch it again"
         )
     # Each channel is stored column-major: the file reads as [N, C, W, H].
     images = raw.reshape(-1, *STL_SHAPE).transpose(0, 1, 3, 2)
     labels = np.fromfile(labels_path, dtype=np.uint8).astype(np.int64)
     if len(labels) != len(images):
-        raise DatasetError(f"{labels_path}: {len(labels)} labels for the {len(images)} images in {images_path}")
+        raise DatasetError(
+            f"{labels_path}: {len(labels)} labels for the {len(images)} images in {images_path}"
+        )
     if len(labels) and (labels.min() < 1 or labels.max() > 10):
         raise DatasetError(f"{labels_path}: labels must be 1..10, found {labels.min()}..{labels.max()}")
     return _in_memory(images, labels - 1)
@@ -390,8 +466,12 @@ def _read_stl_split(images_path: Path, labels_path: Path) -> ImageSet:
 def _load_stl10(root=None, download=False, image_size=None) -> Dataset:
     base = _data_root(root)
     found = _locate_or_download(
-        "stl10", [base / "stl10_binary", base], STL_FILES, download,
-        lambda: _torchvision_download("STL10", base, {"split": "train"}), _download_hint("stl10", base),
+        "stl10",
+        [base / "stl10_binary", base],
+        STL_FILES,
+        download,
+        lambda: _torchvision_download("STL10", base, {"split": "train"}),
+        _download_hint("stl10", base),
     )
     names_file = found["train_X.bin"].parent / "class_names.txt"
     class_names = names_file.read_text().split() if names_file.exists() else list(STL_CLASSES)
@@ -406,7 +486,7 @@ def _load_stl10(root=None, download=False, image_size=None) -> Dataset:
     )
 
 
-# --------------------------------------------------------------------------- imagefolder (ImageNet, ImageNet-100, Places205)
+# ---------------------------------------------------- imagefolder (ImageNet, ImageNet-100, Places205)
 
 
 def _image_files(folder: Path) -> list[str]:
@@ -420,15 +500,21 @@ def _image_files(folder: Path) -> list[str]:
 def _read_classes_file(path) -> list[str]:
     path = Path(path)
     if not path.is_file():
-        raise DatasetError(f"classes_file {path} not found (expected one class folder name, e.g. a wnid, per line)")
-    return sorted({line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")})
+        raise DatasetError(
+            f"classes_file {path} not found (expected one class folder name, e.g. a wnid, per line)"
+        )
+    return sorted(
+        {line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    )
 
 
 def _folder_split(split_dir: Path, classes: list[str], image_size: int, restrict: bool) -> ImageSet:
     class_dirs = sorted(d.name for d in split_dir.iterdir() if d.is_dir())
     unknown = [d for d in class_dirs if d not in classes]
     if unknown and not restrict:
-        raise DatasetError(f"{split_dir}: class folders {unknown[:5]} have no counterpart in the training folder")
+        raise DatasetError(
+            f"{split_dir}: class folders {unknown[:5]} have no counterpart in the training folder"
+        )
     paths, labels = [], []
     for label, name in enumerate(classes):
         if (split_dir / name).is_dir():
@@ -440,7 +526,9 @@ def _folder_split(split_dir: Path, classes: list[str], image_size: int, restrict
     return ImageSet(labels=torch.tensor(labels, dtype=torch.int64), paths=paths, image_size=image_size)
 
 
-def _load_imagefolder(root=None, download=False, image_size=None, classes_file=None, train_dir="train", test_dir="val") -> Dataset:
+def _load_imagefolder(
+    root=None, download=False, image_size=None, classes_file=None, train_dir="train", test_dir="val"
+) -> Dataset:
     """root/<train_dir>/<class>/* and root/<test_dir>/<class>/*; classes sorted; decoded lazily."""
     if root is None:
         raise DatasetError("imagefolder needs root= : a folder holding train/<class>/* and val/<class>/*")
@@ -449,8 +537,10 @@ def _load_imagefolder(root=None, download=False, image_size=None, classes_file=N
     missing = [str(d) for d in split_dirs.values() if not d.is_dir()]
     if missing:
         raise DatasetError(
-            f"imagefolder: missing folder(s) {', '.join(missing)}. Expected {base}/{train_dir}/<class>/<image> and "
-            f"{base}/{test_dir}/<class>/<image> (ImageNet: extract the official archives and sort val/ into class "
+            f"imagefolder: missing folder(s) {', '.join(missing)}. Expected "
+            f"{base}/{train_dir}/<class>/<image> and "
+            f"{base}/{test_dir}/<class>/<image> (ImageNet: extract the official archives and sort "
+            "val/ into class "
             "folders); these datasets cannot be downloaded automatically"
         )
     classes = sorted(d.name for d in split_dirs["train"].iterdir() if d.is_dir())
@@ -458,7 +548,9 @@ def _load_imagefolder(root=None, download=False, image_size=None, classes_file=N
         wanted = _read_classes_file(classes_file)
         absent = [c for c in wanted if c not in classes]
         if absent:
-            raise DatasetError(f"classes_file {classes_file}: classes {absent[:5]} have no folder in {split_dirs['train']}")
+            raise DatasetError(
+                f"classes_file {classes_file}: classes {absent[:5]} have no folder in {split_dirs['train']}"
+            )
         classes = wanted
     if not classes:
         raise DatasetError(f"{split_dirs['train']}: no class folders")
@@ -478,8 +570,26 @@ def _load_imagefolder(root=None, download=False, image_size=None, classes_file=N
 # --------------------------------------------------------------------------- voc07 (multilabel)
 
 VOC_CLASSES = [
-    "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
+    "aeroplane",
+    "bicycle",
+    "bird",
+    "boat",
+    "bottle",
+    "bus",
+    "car",
+    "cat",
+    "chair",
+    "cow",
+    "diningtable",
+    "dog",
+    "horse",
+    "motorbike",
+    "person",
+    "pottedplant",
+    "sheep",
+    "sofa",
+    "train",
+    "tvmonitor",
 ]
 VOC_PRESENT, VOC_DIFFICULT_ONLY, VOC_ABSENT = 1, 0, -1
 
@@ -489,7 +599,9 @@ def voc_labels(annotation_path) -> np.ndarray:
     try:
         tree = ET.parse(annotation_path)
     except (ET.ParseError, OSError) as error:
-        raise DatasetError(f"{annotation_path}: cannot parse annotation ({error}); the file is missing or damaged") from error
+        raise DatasetError(
+            f"{annotation_path}: cannot parse annotation ({error}); the file is missing or damaged"
+        ) from error
     labels = np.full(len(VOC_CLASSES), VOC_ABSENT, dtype=np.int8)
     for obj in tree.getroot().iter("object"):
         name = (obj.findtext("name") or "").strip()
@@ -521,9 +633,15 @@ def _load_voc07(root=None, download=False, image_size=None) -> Dataset:
     base = _data_root(root)
     split_files = {"train": "ImageSets/Main/trainval.txt", "test": "ImageSets/Main/test.txt"}
     found = _locate_or_download(
-        "voc07", [base / "VOCdevkit" / "VOC2007", base], [*split_files.values(), "JPEGImages", "Annotations"], download,
+        "voc07",
+        [base / "VOCdevkit" / "VOC2007", base],
+        [*split_files.values(), "JPEGImages", "Annotations"],
+        download,
         lambda: _torchvision_download(
-            "VOCDetection", base, {"year": "2007", "image_set": "trainval"}, {"year": "2007", "image_set": "test"}
+            "VOCDetection",
+            base,
+            {"year": "2007", "image_set": "trainval"},
+            {"year": "2007", "image_set": "test"},
         ),
         _download_hint("voc07", base),
     )
@@ -555,8 +673,9 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
 _COMMON_ARGUMENTS = {"root", "download", "image_size"}
 
 
-def load_dataset(name: str, root: str | None = None, download: bool = False, image_size: int | None = None,
-                 **options) -> Dataset:
+def load_dataset(
+    name: str, root: str | None = None, download: bool = False, image_size: int | None = None, **options
+) -> Dataset:
     """Load a registered dataset with its fixed train/test split.
 
     In-memory sets are resized once here when `image_size` differs from their native size;
@@ -568,7 +687,9 @@ def load_dataset(name: str, root: str | None = None, download: bool = False, ima
     accepted = set(inspect.signature(loader).parameters) - _COMMON_ARGUMENTS
     unknown = sorted(set(options) - accepted)
     if unknown:
-        raise DatasetError(f"dataset {name!r} takes no option(s) {unknown}; it accepts {sorted(accepted) or 'none'}")
+        raise DatasetError(
+            f"dataset {name!r} takes no option(s) {unknown}; it accepts {sorted(accepted) or 'none'}"
+        )
     if image_size is not None and int(image_size) < 1:
         raise DatasetError(f"image_size must be a positive integer, got {image_size!r}")
     dataset = loader(root=root, download=download, image_size=image_size, **options)
@@ -581,4 +702,6 @@ def _resized(dataset: Dataset, size: int) -> Dataset:
     def resize(split: ImageSet) -> ImageSet:
         return dataclasses.replace(split, images=resize_images(split.images, size))
 
-    return dataclasses.replace(dataset, train=resize(dataset.train), test=resize(dataset.test), image_size=size)
+    return dataclasses.replace(
+        dataset, train=resize(dataset.train), test=resize(dataset.test), image_size=size
+    )

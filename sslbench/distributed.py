@@ -3,6 +3,7 @@
 Everything here is a no-op in a single process, so methods call these helpers
 unconditionally and read the same on one device as on many.
 """
+
 from __future__ import annotations
 
 import os
@@ -76,7 +77,7 @@ class _GatherWithGrad(torch.autograd.Function):
     def backward(ctx, grad):
         grad = grad.contiguous()
         dist.all_reduce(grad)
-        return grad[ctx.rank * ctx.size:(ctx.rank + 1) * ctx.size]
+        return grad[ctx.rank * ctx.size : (ctx.rank + 1) * ctx.size]
 
 
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ The engine owns: data order and views, the optimiser and its schedule, devices
 resume, the epoch log, and divergence checks.  A method only computes its loss
 and hooks the start of an epoch and the end of a step (see ``sslbench.method``).
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import distributed as dist
 from . import atomic
+from . import distributed as dist
 from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
 from .backbones import create_backbone
 from .batches import batch_source
@@ -64,8 +65,12 @@ def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) ->
     backbone = create_backbone(
         cfg["backbone"]["name"], in_chans=data.channels, small_stem=cfg["backbone"].get("small_stem", False)
     )
-    info = DataInfo(num_classes=data.num_classes, num_train=len(data.train), channels=data.channels,
-                    image_size=data.image_size)
+    info = DataInfo(
+        num_classes=data.num_classes,
+        num_train=len(data.train),
+        channels=data.channels,
+        image_size=data.image_size,
+    )
     return cls(backbone, info, cfg)
 
 
@@ -76,8 +81,13 @@ def dataset_label(cfg: dict) -> str:
 
 def load_data(cfg: dict) -> Dataset:
     d = cfg["dataset"]
-    return load_dataset(d["name"], root=d.get("root"), download=d.get("download", False),
-                        image_size=d.get("image_size"), **d.get("options", {}))
+    return load_dataset(
+        d["name"],
+        root=d.get("root"),
+        download=d.get("download", False),
+        image_size=d.get("image_size"),
+        **d.get("options", {}),
+    )
 
 
 def normalisation(data: Dataset) -> tuple[list[float], list[float]]:
@@ -95,8 +105,9 @@ def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> t
     name = train["optimizer"]
     fused = {"fused": True} if uses_fused_optimizer(train, torch.device(device)) else {}
     if name == "sgd":
-        return torch.optim.SGD(params, lr=train["lr"], momentum=train["momentum"],
-                               weight_decay=train["weight_decay"], **fused)
+        return torch.optim.SGD(
+            params, lr=train["lr"], momentum=train["momentum"], weight_decay=train["weight_decay"], **fused
+        )
     if name == "adamw":
         return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
     raise ValueError(f"config key `train.optimizer`: unknown optimiser {name!r}; known: sgd, adamw")
@@ -117,7 +128,9 @@ def learning_rate(train: dict, step: int, steps_per_epoch: int) -> float:
         return base * 0.1 ** sum(epoch >= m for m in train.get("milestones", []))
     if schedule == "constant":
         return base
-    raise ValueError(f"config key `train.schedule`: unknown schedule {schedule!r}; known: cosine, step, constant")
+    raise ValueError(
+        f"config key `train.schedule`: unknown schedule {schedule!r}; known: cosine, step, constant"
+    )
 
 
 @dataclass
@@ -130,8 +143,15 @@ class TrainState:
 class Trainer:
     """Trains one (method, seed) and writes ``out_dir/checkpoint.pt``."""
 
-    def __init__(self, method_dir: str | Path, cfg: dict, seed: int, out_dir: str | Path,
-                 device: str = "auto", progress: bool = True):
+    def __init__(
+        self,
+        method_dir: str | Path,
+        cfg: dict,
+        seed: int,
+        out_dir: str | Path,
+        device: str = "auto",
+        progress: bool = True,
+    ):
         self.cfg, self.seed, self.out_dir = cfg, seed, Path(out_dir)
         self.train_cfg = cfg["train"]
         self.device = dist.init_from_env(device)
@@ -164,8 +184,10 @@ class Trainer:
                 f"images of {cfg['dataset']['name']}; use a batch size of at most {len(self.labels)}"
             )
         if self.batch_size % self.world:
-            raise ValueError(f"config key `train.batch_size` = {self.batch_size} (the global batch) must be "
-                             f"divisible by the {self.world} processes")
+            raise ValueError(
+                f"config key `train.batch_size` = {self.batch_size} (the global batch) must be "
+                f"divisible by the {self.world} processes"
+            )
         self.local_batch = self.batch_size // self.world
         self.steps_per_epoch = len(self.labels) // self.batch_size  # drop_last: fixed-size batches (queues)
         params = [p for p in self.method.parameters() if p.requires_grad]
@@ -205,25 +227,37 @@ class Trainer:
 
     def fast_paths(self) -> dict[str, bool]:
         """Which speed switches this run actually used (they depend on the device, not just the config)."""
-        return {"bf16_autocast": self.amp, "channels_last": self.channels_last,
-                "fused_optimizer": bool(self.optimizer is not None and self.optimizer.defaults.get("fused")),
-                "compiled_backbone": self.compile_backbone}
+        return {
+            "bf16_autocast": self.amp,
+            "channels_last": self.channels_last,
+            "fused_optimizer": bool(self.optimizer is not None and self.optimizer.defaults.get("fused")),
+            "compiled_backbone": self.compile_backbone,
+        }
 
     def autocast(self):
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
 
     def epoch_context(self) -> EpochContext:
-        return EpochContext(epoch=self.state.epoch, num_epochs=self.train_cfg["epochs"], step=self.state.step,
-                            steps_per_epoch=self.steps_per_epoch, device=self.device,
-                            forward_train_set=self.forward_train_set)
+        return EpochContext(
+            epoch=self.state.epoch,
+            num_epochs=self.train_cfg["epochs"],
+            step=self.state.step,
+            steps_per_epoch=self.steps_per_epoch,
+            device=self.device,
+            forward_train_set=self.forward_train_set,
+        )
 
     # --- checkpoints ------------------------------------------------------------------------
     def _checkpoint(self) -> dict:
         return {
-            "epoch": self.state.epoch, "step": self.state.step, "last_finite_loss": self.state.last_finite_loss,
+            "epoch": self.state.epoch,
+            "step": self.state.step,
+            "last_finite_loss": self.state.last_finite_loss,
             "method_state": self.method.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-            "log": self.log_rows, "cfg": self.cfg, "seed": self.seed,
+            "log": self.log_rows,
+            "cfg": self.cfg,
+            "seed": self.seed,
         }
 
     def _save_epoch_checkpoint(self) -> None:
@@ -267,8 +301,9 @@ class Trainer:
         self.state.last_finite_loss = value
         return value
 
-    def train_step(self, views: list[torch.Tensor], idx: torch.Tensor, lr: float, ctx: EpochContext,
-                   batch: int = 0) -> float:
+    def train_step(
+        self, views: list[torch.Tensor], idx: torch.Tensor, lr: float, ctx: EpochContext, batch: int = 0
+    ) -> float:
         """One optimiser step of the method on a batch's views; returns the loss."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -294,13 +329,18 @@ class Trainer:
         hook_seconds = time.perf_counter() - t0
         order = torch.randperm(len(self.labels), generator=order_gen)
         mine = slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
-        index_batches = [order[b * self.batch_size:(b + 1) * self.batch_size][mine]
-                         for b in range(self.steps_per_epoch)]
+        index_batches = [
+            order[b * self.batch_size : (b + 1) * self.batch_size][mine] for b in range(self.steps_per_epoch)
+        ]
         image_batches = self.images.iterate(index_batches)
         total, seen = 0.0, 0
         t_steps = time.perf_counter()
-        bar = tqdm(range(self.steps_per_epoch), desc=f"{self.cfg['method']} epoch {epoch + 1}",
-                   disable=not self.progress, leave=False)
+        bar = tqdm(
+            range(self.steps_per_epoch),
+            desc=f"{self.cfg['method']} epoch {epoch + 1}",
+            disable=not self.progress,
+            leave=False,
+        )
         for batch, images in zip(bar, image_batches):
             idx = index_batches[batch].to(self.device)
             lr = learning_rate(self.train_cfg, self.state.step, self.steps_per_epoch)
@@ -312,9 +352,15 @@ class Trainer:
             torch.cuda.synchronize()
         step_seconds = time.perf_counter() - t_steps
         self.state.epoch += 1
-        row = {"epoch": self.state.epoch, "loss": total / self.steps_per_epoch, "lr": lr,
-               "images_per_s": seen / step_seconds, "seconds": step_seconds + hook_seconds,
-               "hook_seconds": hook_seconds, **ctx.log}
+        row = {
+            "epoch": self.state.epoch,
+            "loss": total / self.steps_per_epoch,
+            "lr": lr,
+            "images_per_s": seen / step_seconds,
+            "seconds": step_seconds + hook_seconds,
+            "hook_seconds": hook_seconds,
+            **ctx.log,
+        }
         self.log_rows.append(row)
         return row
 
@@ -324,15 +370,19 @@ class Trainer:
         self.resume()
         epochs = self.train_cfg["epochs"] if self.method.trains else 0
         if self.progress:
-            print(f"[sslbench] {self.cfg['method']} seed {self.seed}: {epochs} epochs × "
-                  f"{self.steps_per_epoch} steps on {self.device}")
+            print(
+                f"[sslbench] {self.cfg['method']} seed {self.seed}: {epochs} epochs × "
+                f"{self.steps_per_epoch} steps on {self.device}"
+            )
         while self.state.epoch < epochs:
             row = self.train_epoch()
             self._save_epoch_checkpoint()
             self._write_log()
             if self.progress:
-                print(f"[sslbench] epoch {row['epoch']}/{epochs} loss {row['loss']:.4f} "
-                      f"{row['images_per_s']:.0f} img/s")
+                print(
+                    f"[sslbench] epoch {row['epoch']}/{epochs} loss {row['loss']:.4f} "
+                    f"{row['images_per_s']:.0f} img/s"
+                )
         self._write_log()
         return self._save_final(time.perf_counter() - start)
 
@@ -348,16 +398,24 @@ class Trainer:
     def _save_final(self, wall_time: float) -> Path:
         peak = torch.cuda.max_memory_allocated(self.device) if self.on_cuda else None
         meta = {
-            "method": self.cfg["method"], "dataset": dataset_label(self.cfg), "seed": self.seed,
-            "epochs_trained": self.state.epoch, "steps": self.state.step, "batch_size": self.batch_size,
-            "world_size": self.world, "batch_per_process": self.local_batch,
+            "method": self.cfg["method"],
+            "dataset": dataset_label(self.cfg),
+            "seed": self.seed,
+            "epochs_trained": self.state.epoch,
+            "steps": self.state.step,
+            "batch_size": self.batch_size,
+            "world_size": self.world,
+            "batch_per_process": self.local_batch,
             "lr_scaling": "none: train.lr is used as given for the global batch train.batch_size",
-            "image_size": self.data.image_size, "channels": self.data.channels,
-            "num_classes": self.data.num_classes, "backbone": self.cfg["backbone"]["name"],
+            "image_size": self.data.image_size,
+            "channels": self.data.channels,
+            "num_classes": self.data.num_classes,
+            "backbone": self.cfg["backbone"]["name"],
             "small_stem": bool(self.cfg["backbone"].get("small_stem", False)),
             "train_wall_time_s": sum(r["seconds"] for r in self.log_rows) or wall_time,
-            "images_per_s": (sum(r["images_per_s"] for r in self.log_rows) / len(self.log_rows)
-                             if self.log_rows else None),
+            "images_per_s": (
+                sum(r["images_per_s"] for r in self.log_rows) / len(self.log_rows) if self.log_rows else None
+            ),
             "peak_gpu_memory_bytes": peak,
             "fast_paths": self.fast_paths(),
             **provenance(self.device),
@@ -365,16 +423,27 @@ class Trainer:
         path = self.out_dir / "checkpoint.pt"
         if not dist.is_main():
             return path
-        ckpt = {"encoder": self.method.encoder().state_dict(), "method_state": self.method.state_dict(),
-                "cfg": self.cfg, "seed": self.seed, "meta": meta,
-                "normalisation": {"mean": self.mean, "std": self.std}}
+        ckpt = {
+            "encoder": self.method.encoder().state_dict(),
+            "method_state": self.method.state_dict(),
+            "cfg": self.cfg,
+            "seed": self.seed,
+            "meta": meta,
+            "normalisation": {"mean": self.mean, "std": self.std},
+        }
         atomic.save_torch(path, ckpt)
         atomic.write_json(self.out_dir / "run.json", {"cfg": self.cfg, "meta": meta})
         return path
 
 
-def pretrain(method_dir: str | Path, cfg: dict, seed: int, out_dir: str | Path, device: str = "auto",
-             progress: bool = True) -> Path:
+def pretrain(
+    method_dir: str | Path,
+    cfg: dict,
+    seed: int,
+    out_dir: str | Path,
+    device: str = "auto",
+    progress: bool = True,
+) -> Path:
     """Train one (method, seed); under torchrun, every process calls this and rank 0 writes."""
     path = Trainer(method_dir, cfg, seed, out_dir, device=device, progress=progress).fit()
     dist.barrier()

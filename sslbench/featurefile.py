@@ -1,5 +1,6 @@
 """The features file every protocol reads: a plain ``.npz`` (arrays + the run's metadata as
 JSON), so that protocols on cached features load it without importing torch."""
+
 from __future__ import annotations
 
 import io

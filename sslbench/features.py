@@ -3,15 +3,14 @@ the train and test splits (evaluation transform), to one file every protocol rea
 
 The file format lives in ``sslbench.featurefile`` (no torch), re-exported here.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-
 import torch
 
-from . import atomic
 from .augment import EvalTransform
 from .backbones import create_backbone
 from .distributed import select_device
@@ -22,8 +21,11 @@ from .provenance import provenance
 
 def load_encoder(checkpoint: dict) -> torch.nn.Module:
     cfg, meta = checkpoint["cfg"], checkpoint["meta"]
-    encoder = create_backbone(cfg["backbone"]["name"], in_chans=meta["channels"],
-                              small_stem=cfg["backbone"].get("small_stem", False))
+    encoder = create_backbone(
+        cfg["backbone"]["name"],
+        in_chans=meta["channels"],
+        small_stem=cfg["backbone"].get("small_stem", False),
+    )
     encoder.load_state_dict(checkpoint["encoder"])
     return encoder
 
@@ -39,8 +41,9 @@ def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
 
 
 @torch.inference_mode()
-def embed(encoder: torch.nn.Module, images, transform: EvalTransform, device: torch.device,
-          batch_size: int = 1024) -> torch.Tensor:
+def embed(
+    encoder: torch.nn.Module, images, transform: EvalTransform, device: torch.device, batch_size: int = 1024
+) -> torch.Tensor:
     """Pooled features of an ImageSet (or uint8 tensor), in order."""
     encoder.eval()
     total = len(images)
@@ -69,6 +72,8 @@ def extract(checkpoint_path: str | Path, out_path: str | Path, device: str = "au
     }
     for split in ("train", "test"):
         if not np.isfinite(features[split]).all():
-            raise ValueError(f"{checkpoint_path}: the encoder produced non-finite {split} features; "
-                             "the checkpoint is broken; delete it and retrain")
+            raise ValueError(
+                f"{checkpoint_path}: the encoder produced non-finite {split} features; "
+                "the checkpoint is broken; delete it and retrain"
+            )
     return save_features(out_path, features)

@@ -41,9 +41,7 @@ def info_nce(
     if key.shape != query.shape:
         raise ValueError(f"key shape {tuple(key.shape)} must equal query shape {tuple(query.shape)}")
     if negatives.shape[1] != query.shape[1]:
-        raise ValueError(
-            f"negatives have dimension {negatives.shape[1]} but query has {query.shape[1]}"
-        )
+        raise ValueError(f"negatives have dimension {negatives.shape[1]} but query has {query.shape[1]}")
     _require_positive("temperature", temperature)
     positive_logits = (query * key).sum(dim=1, keepdim=True)
     negative_logits = query @ negatives.T
@@ -72,9 +70,7 @@ def supcon(
     0 (it still counts in the mean), as in the official code.
     """
     if features.dim() != 3:
-        raise ValueError(
-            f"features must be [batch, views, dim], got shape {tuple(features.shape)}"
-        )
+        raise ValueError(f"features must be [batch, views, dim], got shape {tuple(features.shape)}")
     if contrast_mode not in ("all", "one"):
         raise ValueError(f"contrast_mode must be 'all' or 'one', got {contrast_mode!r}")
     _require_positive("temperature", temperature)
@@ -162,7 +158,9 @@ def proto_nce(
     assignments = assignments.reshape(-1).long()
     num_prototypes = prototypes.shape[0]
     if assignments.shape[0] != query.shape[0]:
-        raise ValueError(f"assignments has {assignments.shape[0]} entries but query has {query.shape[0]} rows")
+        raise ValueError(
+            f"assignments has {assignments.shape[0]} entries but query has {query.shape[0]} rows"
+        )
     if concentration.shape != (num_prototypes,):
         raise ValueError(
             f"concentration must have shape [{num_prototypes}] (one phi per prototype), "

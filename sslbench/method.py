@@ -15,10 +15,11 @@ schedule, checkpoints, devices, AMP, DDP and logs.
         def on_step_end(self, ctx) -> None         # optional: momentum updates
         def encoder(self) -> nn.Module             # the network evaluated
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,7 @@ class Method(nn.Module):
         self.backbone = backbone
         self.info = info
         self.cfg = cfg
-        self.feature_dim = int(getattr(backbone, "num_features"))
+        self.feature_dim = int(backbone.num_features)
 
     def training_loss(
         self, views: list[torch.Tensor], labels: torch.Tensor | None, indices: torch.Tensor

@@ -13,11 +13,12 @@
 
 Reference: facebookresearch/moco (moco/builder.py, main_moco.py, the colab CIFAR demo).
 """
+
 from __future__ import annotations
 
 import copy
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +69,7 @@ def check_version(cfg: dict) -> None:
 
 # --- split batch norm ----------------------------------------------------------------------
 
+
 class SplitBatchNorm2d(nn.BatchNorm2d):
     """BatchNorm2d that, in training, normalises ``num_splits`` sub-batches with their own
     statistics: sub-batch j holds samples j, j + s, j + 2s, ... (as moco's CIFAR demo: viewing
@@ -88,8 +90,10 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         n, c, h, w = x.shape
         s = self.num_splits
         if n % s:
-            raise ValueError(f"SplitBatchNorm2d: batch of {n} is not divisible into {s} splits "
-                             "(config key `bn_splits` must divide the batch size)")
+            raise ValueError(
+                f"SplitBatchNorm2d: batch of {n} is not divisible into {s} splits "
+                "(config key `bn_splits` must divide the batch size)"
+            )
         factor = 0.0 if self.momentum is None else self.momentum
         if self.track_running_stats:
             self.num_batches_tracked.add_(1)
@@ -100,9 +104,14 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         running_mean = self.running_mean.repeat(s) if self.track_running_stats else None
         running_var = self.running_var.repeat(s) if self.track_running_stats else None
         out = F.batch_norm(
-            grouped, running_mean, running_var,
-            self.weight.repeat(s) if self.affine else None, self.bias.repeat(s) if self.affine else None,
-            True, factor, self.eps,
+            grouped,
+            running_mean,
+            running_var,
+            self.weight.repeat(s) if self.affine else None,
+            self.bias.repeat(s) if self.affine else None,
+            True,
+            factor,
+            self.eps,
         )
         if self.track_running_stats:
             with torch.no_grad():
@@ -121,8 +130,14 @@ def use_split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
         return module
     for name, child in module.named_children():
         if type(child) is nn.BatchNorm2d:
-            split = SplitBatchNorm2d(child.num_features, num_splits, eps=child.eps, momentum=child.momentum,
-                                     affine=child.affine, track_running_stats=child.track_running_stats)
+            split = SplitBatchNorm2d(
+                child.num_features,
+                num_splits,
+                eps=child.eps,
+                momentum=child.momentum,
+                affine=child.affine,
+                track_running_stats=child.track_running_stats,
+            )
             split.load_state_dict(child.state_dict())
             device = next((t.device for t in child.state_dict().values()), torch.device("cpu"))
             setattr(module, name, split.to(device))
@@ -146,6 +161,7 @@ def check_bn_splits(num_splits, batch_size: int) -> int:
 
 
 # --- the key encoder -----------------------------------------------------------------------
+
 
 class MomentumEncoder(nn.Module):
     """A frozen deep copy of the query encoder (the modules ``online``, applied in order)."""
@@ -193,6 +209,7 @@ class MomentumEncoder(nn.Module):
 
 
 # --- the queue -----------------------------------------------------------------------------
+
 
 class KeyQueue(nn.Module):
     """K keys [K, dim] in a ring buffer; ``pointer`` is where the next batch of keys goes."""
@@ -246,7 +263,10 @@ def fit_queue_size(requested: int, keys_per_step: int, num_train: int) -> int:
 
 # --- assembly ------------------------------------------------------------------------------
 
-def moco_components(backbone: nn.Module, num_train: int, cfg: dict) -> tuple[nn.Sequential, MomentumEncoder, KeyQueue]:
+
+def moco_components(
+    backbone: nn.Module, num_train: int, cfg: dict
+) -> tuple[nn.Sequential, MomentumEncoder, KeyQueue]:
     """MoCo's query head, key encoder and queue from a method's config (keys `version`, `dim`,
     `momentum`, `queue_size`, `bn_splits`). Switches the backbone's BatchNorm2d to split BN first,
     so the key encoder (a copy) has it too."""

@@ -1,4 +1,5 @@
 """Load a method plugin from its folder: ``methods/<name>/method.py``."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,8 +34,11 @@ def load_method_class(method_dir: str | Path) -> type[Method]:
     except Exception as err:  # an import error inside the plugin, for example
         raise PluginError(f"{path}: failed to import: {type(err).__name__}: {err}") from err
     classes = [
-        obj for obj in vars(module).values()
-        if inspect.isclass(obj) and issubclass(obj, Method) and obj is not Method
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, Method)
+        and obj is not Method
         and obj.__module__ == module_name
     ]
     if len(classes) != 1:

@@ -1,4 +1,5 @@
 """Where a number came from: code version, packages, device."""
+
 from __future__ import annotations
 
 import platform
@@ -8,7 +9,17 @@ from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("torch", "torchvision", "timm", "faiss-cpu", "faiss-gpu", "scikit-learn", "numpy", "pandas", "snakemake")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "timm",
+    "faiss-cpu",
+    "faiss-gpu",
+    "scikit-learn",
+    "numpy",
+    "pandas",
+    "snakemake",
+)
 
 
 def _git(*args: str) -> str | None:

@@ -9,6 +9,7 @@ loads nothing from anywhere else and runs no script.
 
 Displayed numbers: metrics are fractions shown in percent with two decimals.
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,8 +25,19 @@ import numpy as np
 import pandas as pd
 
 from . import atomic
-from .stats import (HEADLINE, MISSING, TableError, best_methods, check_table, headline_comparisons,
-                    headline_stats, headline_table, percent, reproduced_vs_reported, summarise)
+from .stats import (
+    HEADLINE,
+    MISSING,
+    TableError,
+    best_methods,
+    check_table,
+    headline_comparisons,
+    headline_stats,
+    headline_table,
+    percent,
+    reproduced_vs_reported,
+    summarise,
+)
 
 TSNE_POINTS = 500
 KMEANS_NITER = 20
@@ -70,14 +82,16 @@ def read_run(results_dir: Path, dataset: str, method: str, seed: int) -> Run:
     run_json, log_csv = folder / "run.json", folder / "train_log.csv"
     for path in (run_json, log_csv):
         if not path.is_file():
-            raise ReportInputError(f"{path}: not found, but table.csv has results of this run; "
-                                   "rerun snakemake to retrain it")
+            raise ReportInputError(
+                f"{path}: not found, but table.csv has results of this run; rerun snakemake to retrain it"
+            )
     try:
         record = json.loads(run_json.read_text())
         cfg, meta = record["cfg"], record["meta"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise TableError(f"{run_json}: unreadable or without cfg/meta ({err}); delete the run folder and "
-                         "rerun snakemake") from err
+        raise TableError(
+            f"{run_json}: unreadable or without cfg/meta ({err}); delete the run folder and rerun snakemake"
+        ) from err
     try:
         log = pd.read_csv(log_csv)
     except pd.errors.EmptyDataError:  # a method that does not train (the untrained floor) logs no epoch
@@ -113,8 +127,10 @@ def settings_footnote(table: pd.DataFrame, dataset: str) -> str:
             parts.append(f"{label} " + ", ".join(f"{m}: {v}" for m, v in per_method.items()))
     seeds = sorted(int(s) for s in rows["seed"].unique())
     parts.append("seeds " + ", ".join(map(str, seeds)))
-    return ("Settings: " + "; ".join(parts) + ". Cells: mean ± std over seeds, in %; best of each column "
-            f"in bold; {MISSING}: not evaluated.")
+    return (
+        "Settings: " + "; ".join(parts) + ". Cells: mean ± std over seeds, in %; best of each column "
+        f"in bold; {MISSING}: not evaluated."
+    )
 
 
 def headline_markdown(summary: pd.DataFrame, dataset: str, footnote: str) -> str:
@@ -172,18 +188,34 @@ def reproduced_display(reproduced: pd.DataFrame) -> pd.DataFrame:
 
 def cost_table(runs: list[Run], table: pd.DataFrame) -> pd.DataFrame:
     """Per (dataset, method): mean over seeds of training time and throughput, peak GPU memory, devices."""
-    per_run = pd.DataFrame([{
-        "dataset": r.dataset, "method": r.method, "seed": r.seed,
-        "train_wall_time_s": r.meta.get("train_wall_time_s"), "images_per_s": r.meta.get("images_per_s"),
-        "peak_gpu_memory_mib": (r.meta["peak_gpu_memory_bytes"] / 2**20
-                                if r.meta.get("peak_gpu_memory_bytes") is not None else None),
-        "device": r.meta.get("device", "unknown")} for r in runs])
+    per_run = pd.DataFrame(
+        [
+            {
+                "dataset": r.dataset,
+                "method": r.method,
+                "seed": r.seed,
+                "train_wall_time_s": r.meta.get("train_wall_time_s"),
+                "images_per_s": r.meta.get("images_per_s"),
+                "peak_gpu_memory_mib": (
+                    r.meta["peak_gpu_memory_bytes"] / 2**20
+                    if r.meta.get("peak_gpu_memory_bytes") is not None
+                    else None
+                ),
+                "device": r.meta.get("device", "unknown"),
+            }
+            for r in runs
+        ]
+    )
     numeric = ["train_wall_time_s", "images_per_s", "peak_gpu_memory_mib"]
     per_run[numeric] = per_run[numeric].apply(pd.to_numeric, errors="coerce")
     grouped = per_run.groupby(["dataset", "method"], sort=True)
-    out = grouped.agg(seeds=("seed", "count"), train_wall_time_s=("train_wall_time_s", "mean"),
-                      images_per_s=("images_per_s", "mean"), peak_gpu_memory_mib=("peak_gpu_memory_mib", "max"),
-                      device=("device", lambda v: ", ".join(sorted(set(map(str, v)))))).reset_index()
+    out = grouped.agg(
+        seeds=("seed", "count"),
+        train_wall_time_s=("train_wall_time_s", "mean"),
+        images_per_s=("images_per_s", "mean"),
+        peak_gpu_memory_mib=("peak_gpu_memory_mib", "max"),
+        device=("device", lambda v: ", ".join(sorted(set(map(str, v))))),
+    ).reset_index()
     if "eval_wall_time_s" in table:
         # table.csv repeats a protocol's wall time on each of its metric rows: one per (run, protocol)
         per_protocol = table.drop_duplicates(["dataset", "method", "seed", "protocol"])
@@ -210,18 +242,30 @@ def environment_table(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for r in runs:
         versions = r.meta.get("versions", {}) or {}
-        rows.append({"dataset": r.dataset, "method": r.method, "seed": r.seed,
-                     "device": r.meta.get("device", "unknown"), "git_commit": r.meta.get("git_commit", "unknown"),
-                     "git_dirty": r.meta.get("git_dirty"),
-                     **{f"version_{k}": v for k, v in sorted(versions.items())}})
+        rows.append(
+            {
+                "dataset": r.dataset,
+                "method": r.method,
+                "seed": r.seed,
+                "device": r.meta.get("device", "unknown"),
+                "git_commit": r.meta.get("git_commit", "unknown"),
+                "git_dirty": r.meta.get("git_dirty"),
+                **{f"version_{k}": v for k, v in sorted(versions.items())},
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def versions_display(environment: pd.DataFrame) -> pd.DataFrame:
     """Each package's version(s) over all runs; more than one means the runs are not comparable."""
     columns = [c for c in environment.columns if c.startswith("version_")]
-    rows = [{"package": c.removeprefix("version_"),
-             "version(s)": ", ".join(sorted(map(str, environment[c].dropna().unique())))} for c in columns]
+    rows = [
+        {
+            "package": c.removeprefix("version_"),
+            "version(s)": ", ".join(sorted(map(str, environment[c].dropna().unique()))),
+        }
+        for c in columns
+    ]
     for key in ("git_commit", "git_dirty", "device"):
         rows.append({"package": key, "version(s)": ", ".join(sorted(map(str, environment[key].unique())))})
     return pd.DataFrame(rows, columns=["package", "version(s)"])
@@ -265,12 +309,19 @@ def bar_chart(summary: pd.DataFrame, dataset: str, colours: dict):
         means = parts["mean"][column].dropna()
         errors = [ci.get((m, protocol, metric), math.nan) for m in means.index]
         errors = [100 * e if math.isfinite(e) else 0.0 for e in errors]
-        ax.bar(range(len(means)), 100 * means.to_numpy(), yerr=errors, capsize=4,
-               color=[colours[m] for m in means.index])
+        ax.bar(
+            range(len(means)),
+            100 * means.to_numpy(),
+            yerr=errors,
+            capsize=4,
+            color=[colours[m] for m in means.index],
+        )
         ax.set_xticks(range(len(means)), means.index, rotation=30, ha="right")
         ax.set_title(column, fontsize=10)
         ax.set_ylabel("%")
-    fig.suptitle(f"{dataset}: mean over seeds, error bars 95% CI (Student t; none with one seed)", fontsize=10)
+    fig.suptitle(
+        f"{dataset}: mean over seeds, error bars 95% CI (Student t; none with one seed)", fontsize=10
+    )
     return fig
 
 
@@ -293,8 +344,9 @@ def lowshot_curves(table: pd.DataFrame, dataset: str, colours: dict):
     ax.set_xticks(ks, [f"{k:g}" for k in ks])
     ax.set_xlabel("labelled examples per class (k)")
     ax.set_ylabel("mAP (%)")
-    ax.set_title(f"{dataset}: low-shot SVM; line: mean over seeds, band: min–max over samples and seeds",
-                 fontsize=9)
+    ax.set_title(
+        f"{dataset}: low-shot SVM; line: mean over seeds, band: min–max over samples and seeds", fontsize=9
+    )
     ax.legend(fontsize=8)
     return fig
 
@@ -347,16 +399,25 @@ def tsne_maps(features: dict[str, dict], dataset: str, max_points: int):
         x, y = l2_normalize(x[pick].astype(np.float64)), y[pick]
         perplexity = min(30.0, (len(x) - 1) / 3)
         # exact gradients are cheap at <= 500 points; 500 iterations settle the map (sklearn's minimum is 250)
-        xy = TSNE(n_components=2, perplexity=perplexity, init="pca", method="exact", max_iter=500,
-                  random_state=0).fit_transform(x)
+        xy = TSNE(
+            n_components=2, perplexity=perplexity, init="pca", method="exact", max_iter=500, random_state=0
+        ).fit_transform(x)
         num_classes = int(features[method]["num_classes"])
-        ax.scatter(xy[:, 0], xy[:, 1], c=y, s=6, cmap="tab10" if num_classes <= 10 else "turbo",
-                   vmin=0, vmax=max(num_classes - 1, 1))
+        ax.scatter(
+            xy[:, 0],
+            xy[:, 1],
+            c=y,
+            s=6,
+            cmap="tab10" if num_classes <= 10 else "turbo",
+            vmin=0,
+            vmax=max(num_classes - 1, 1),
+        )
         ax.set_title(f"{method} ({len(x)} test images)", fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle(f"{dataset}: t-SNE of test features (seed {min_seed_note(features)}), coloured by class",
-                 fontsize=10)
+    fig.suptitle(
+        f"{dataset}: t-SNE of test features (seed {min_seed_note(features)}), coloured by class", fontsize=10
+    )
     return fig
 
 
@@ -387,7 +448,8 @@ def size_panels(panels: list[tuple[str, np.ndarray]], title: str):
 
 
 def kmeans_sizes(features: dict[str, dict]) -> list[tuple[str, np.ndarray]]:
-    """faiss k-means (k = classes) on each method's L2-normalised test features, as the clustering protocol."""
+    """faiss k-means (k = classes) on each method's L2-normalised test features, as the "
+    "clustering protocol."""
     from evaluation.clustering import kmeans_assign
 
     panels = []
@@ -442,13 +504,17 @@ details{margin:.5em 0}summary{cursor:pointer}
 NUMERIC_CELL = re.compile(r"^[-+−]?[\d.]+(e[-+]?\d+)?( ± [\d.]+)?( \(n=1\))?$|^—$")
 
 
-def html_table(frame: pd.DataFrame, table_id: str, bold: set[tuple[int, str]] = frozenset(),
-               caption: str | None = None) -> str:
+def html_table(
+    frame: pd.DataFrame, table_id: str, bold: set[tuple[int, str]] = frozenset(), caption: str | None = None
+) -> str:
     """A table of display strings; text columns left-aligned, numbers right-aligned."""
-    text_columns = {c for c in frame.columns
-                    if not frame[c].astype(str).map(lambda v: bool(NUMERIC_CELL.match(v))).all()}
-    head = "".join(f'<th class="{"text" if c in text_columns else "num"}">{html.escape(str(c))}</th>'
-                   for c in frame.columns)
+    text_columns = {
+        c for c in frame.columns if not frame[c].astype(str).map(lambda v: bool(NUMERIC_CELL.match(v))).all()
+    }
+    head = "".join(
+        f'<th class="{"text" if c in text_columns else "num"}">{html.escape(str(c))}</th>'
+        for c in frame.columns
+    )
     body = []
     for i, (_, row) in enumerate(frame.iterrows()):
         cells = []
@@ -459,14 +525,15 @@ def html_table(frame: pd.DataFrame, table_id: str, bold: set[tuple[int, str]] = 
             cells.append(f'<td class="{"text" if c in text_columns else "num"}">{value}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return (f'<table id="{table_id}">{cap}<thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+    return f'<table id="{table_id}">{cap}<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def html_figure(png: bytes, figure_id: str, caption: str) -> str:
     data = base64.b64encode(png).decode("ascii")
-    return (f'<figure id="{figure_id}"><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (
+        f'<figure id="{figure_id}"><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
 
 
 def headline_html(summary: pd.DataFrame, dataset: str, footnote: str) -> str:
@@ -474,7 +541,9 @@ def headline_html(summary: pd.DataFrame, dataset: str, footnote: str) -> str:
     best = best_methods(headline_stats(summary, dataset)["mean"])
     frame = cells.reset_index()
     bold = {(i, c) for i, m in enumerate(cells.index) for c in cells.columns if m in best[c]}
-    return html_table(frame, f"table-headline-{dataset}", bold) + f'<p class="note">{html.escape(footnote)}</p>'
+    return (
+        html_table(frame, f"table-headline-{dataset}", bold) + f'<p class="note">{html.escape(footnote)}</p>'
+    )
 
 
 @dataclass
@@ -485,9 +554,11 @@ class Page:
         self.sections.append(f"<h{level}>{html.escape(title)}</h{level}>{body}")
 
     def render(self, title: str) -> str:
-        return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-                f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
-                f"<h1>{html.escape(title)}</h1>{''.join(self.sections)}</body></html>\n")
+        return (
+            '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1>{''.join(self.sections)}</body></html>\n"
+        )
 
 
 def note(text: str) -> str:
@@ -521,8 +592,13 @@ def read_failures(path: Path) -> pd.DataFrame:
     return pd.DataFrame(columns=["method", "problem"])
 
 
-def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: str | Path, out_dir: str | Path,
-                 tsne_points: int = TSNE_POINTS) -> Path:
+def build_report(
+    results_dir: str | Path,
+    methods_dir: str | Path,
+    config_dir: str | Path,
+    out_dir: str | Path,
+    tsne_points: int = TSNE_POINTS,
+) -> Path:
     """Write summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv, table.md,
     figures/*.png and report.html into ``out_dir``; return the path of report.html."""
     results_dir, out_dir = Path(results_dir), Path(out_dir)
@@ -535,14 +611,21 @@ def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: s
     reproduced = reproduced_vs_reported(table, methods_dir, config_dir)
     cost = cost_table(runs, table)
     environment = environment_table(runs)
-    for name, frame in (("summary", summary), ("comparisons", comparisons), ("reproduced", reproduced),
-                        ("cost", cost), ("environment", environment)):
+    for name, frame in (
+        ("summary", summary),
+        ("comparisons", comparisons),
+        ("reproduced", reproduced),
+        ("cost", cost),
+        ("environment", environment),
+    ):
         atomic.write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
 
     datasets = sorted(table["dataset"].unique())
     footnotes = {d: settings_footnote(table, d) for d in datasets}
-    markdown = "\n".join((f"### {d}\n\n" if len(datasets) > 1 else "") + headline_markdown(summary, d, footnotes[d])
-                         for d in datasets)
+    markdown = "\n".join(
+        (f"### {d}\n\n" if len(datasets) > 1 else "") + headline_markdown(summary, d, footnotes[d])
+        for d in datasets
+    )
     failures = read_failures(Path(results_dir) / "failures.csv")
     if len(failures):  # method folders skipped with --keep-going: never silently absent from the table
         markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in failures.values)
@@ -552,16 +635,33 @@ def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: s
     for d in datasets:
         page.add(f"Headline: {d}", headline_html(summary, d, footnotes[d]))
     if len(failures):
-        page.add("Failed method folders", html_table(failures, "table-failures")
-                 + note("Skipped with --keep-going: fix these folders and rerun (results/failures.csv)."))
-    page.add("Reproduced vs reported", (
-        html_table(reproduced_display(reproduced), "table-reproduced") if len(reproduced)
-        else '<p id="table-reproduced" class="note">No methods/&lt;name&gt;/paper.yaml lists reported numbers.</p>')
-        + note("Reported: the paper's number (methods/<name>/paper.yaml). Ours: our runs with the paper's dataset, "
-               "backbone and epochs; gap = ours − reported. Otherwise: the preset that would produce it."))
-    page.add("Paired comparisons", html_table(comparisons_display(comparisons), "table-comparisons")
-             + note("Each headline metric, every pair of methods, paired by seed (scipy.stats.ttest_rel). "
-                    "Verdict at alpha 0.05 per pair, not corrected for the number of pairs."))
+        page.add(
+            "Failed method folders",
+            html_table(failures, "table-failures")
+            + note("Skipped with --keep-going: fix these folders and rerun (results/failures.csv)."),
+        )
+    page.add(
+        "Reproduced vs reported",
+        (
+            html_table(reproduced_display(reproduced), "table-reproduced")
+            if len(reproduced)
+            else '<p id="table-reproduced" class="note">'
+            "No methods/&lt;name&gt;/paper.yaml lists reported numbers.</p>"
+        )
+        + note(
+            "Reported: the paper's number (methods/<name>/paper.yaml). Ours: our runs with the "
+            "paper's dataset, "
+            "backbone and epochs; gap = ours − reported. Otherwise: the preset that would produce it."
+        ),
+    )
+    page.add(
+        "Paired comparisons",
+        html_table(comparisons_display(comparisons), "table-comparisons")
+        + note(
+            "Each headline metric, every pair of methods, paired by seed (scipy.stats.ttest_rel). "
+            "Verdict at alpha 0.05 per pair, not corrected for the number of pairs."
+        ),
+    )
 
     for d in datasets:
         colours = method_colours(sorted(table.loc[table["dataset"] == d, "method"].unique()))
@@ -569,14 +669,30 @@ def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: s
         features = {r.method: load_run_features(r) for r in firsts}
         estep = [panel for r in firsts for panel in estep_assignments(r)][:MAX_ESTEP_PANELS]
         figures = [
-            ("bars", bar_chart(summary, d, colours), "Headline metrics per protocol with 95% confidence intervals"),
-            ("lowshot", lowshot_curves(table, d, colours), "Low-shot SVM: mAP against labelled examples per class"),
+            (
+                "bars",
+                bar_chart(summary, d, colours),
+                "Headline metrics per protocol with 95% confidence intervals",
+            ),
+            (
+                "lowshot",
+                lowshot_curves(table, d, colours),
+                "Low-shot SVM: mAP against labelled examples per class",
+            ),
             ("training", training_curves(runs, d, colours), "Training curves: loss and images/s per epoch"),
             ("tsne", tsne_maps(features, d, tsne_points), "t-SNE of test features, coloured by class"),
-            ("kmeans", size_panels(kmeans_sizes(features), f"{d}: faiss k-means (k = classes) cluster sizes on "
-                                   "test features"), "Cluster sizes of k-means on each method's test features"),
-            ("estep", size_panels(estep, f"{d}: cluster sizes of the E-step assignments stored in the checkpoint"),
-             "Cluster sizes of PCL's E-step (method state buffers named *assign*)"),
+            (
+                "kmeans",
+                size_panels(
+                    kmeans_sizes(features), f"{d}: faiss k-means (k = classes) cluster sizes on test features"
+                ),
+                "Cluster sizes of k-means on each method's test features",
+            ),
+            (
+                "estep",
+                size_panels(estep, f"{d}: cluster sizes of the E-step assignments stored in the checkpoint"),
+                "Cluster sizes of PCL's E-step (method state buffers named *assign*)",
+            ),
         ]
         body = []
         for kind, fig, caption in figures:
@@ -584,14 +700,29 @@ def build_report(results_dir: str | Path, methods_dir: str | Path, config_dir: s
             if png is not None:
                 body.append(html_figure(png, f"fig-{kind}-{d}", caption))
             else:
-                body.append(f'<p class="note" id="fig-{kind}-{d}-absent">{html.escape(caption)}: no data.</p>')
+                body.append(
+                    f'<p class="note" id="fig-{kind}-{d}-absent">{html.escape(caption)}: no data.</p>'
+                )
         page.add(f"Figures: {d}", "".join(body))
 
-    page.add("Cost", html_table(cost_display(cost), "table-cost")
-             + note("Means over seeds; peak GPU memory is the maximum over seeds (— on CPU)."))
-    page.add("Environment", html_table(versions_display(environment), "table-versions")
-             + html_table(environment[["dataset", "method", "seed", "device", "git_commit", "git_dirty"]]
-                          .astype(str), "table-runs") + configs_html(runs))
-    page.add("All metrics", "<details><summary>every (dataset, method, protocol, metric)</summary>"
-             + html_table(summary_display(summary), "table-summary") + "</details>")
+    page.add(
+        "Cost",
+        html_table(cost_display(cost), "table-cost")
+        + note("Means over seeds; peak GPU memory is the maximum over seeds (— on CPU)."),
+    )
+    page.add(
+        "Environment",
+        html_table(versions_display(environment), "table-versions")
+        + html_table(
+            environment[["dataset", "method", "seed", "device", "git_commit", "git_dirty"]].astype(str),
+            "table-runs",
+        )
+        + configs_html(runs),
+    )
+    page.add(
+        "All metrics",
+        "<details><summary>every (dataset, method, protocol, metric)</summary>"
+        + html_table(summary_display(summary), "table-summary")
+        + "</details>",
+    )
     return atomic.write_text(out_dir / "report.html", page.render("sslbench report"))

@@ -5,6 +5,7 @@ One JSON per (dataset, method, seed, protocol) under
 them into ``results/table.csv`` with one row per metric and every setting that
 produced it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,8 +36,14 @@ def protocol_module(name: str):
         raise ResultError(f"unknown protocol {name!r}: no module evaluation/{name}.py") from err
 
 
-def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed: int, out_path: str | Path,
-                 checkpoint_path: str | Path | None = None) -> Path:
+def run_protocol(
+    protocol: str,
+    features_path: str | Path,
+    settings: dict,
+    seed: int,
+    out_path: str | Path,
+    checkpoint_path: str | Path | None = None,
+) -> Path:
     """Run one protocol on cached features and write its result JSON atomically."""
     module = protocol_module(protocol)
     from .featurefile import load_features
@@ -50,15 +57,23 @@ def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed:
     wall = time.perf_counter() - start
     bad = {k: v for k, v in metrics.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
     if bad:
-        raise ResultError(f"protocol {protocol} on {features_path} produced non-finite metrics {bad}; "
-                          "nothing was written")
+        raise ResultError(
+            f"protocol {protocol} on {features_path} produced non-finite metrics {bad}; nothing was written"
+        )
     meta = dict(features["meta"])
     cfg = meta.pop("cfg")
     result = {
-        "dataset": meta["dataset"], "method": meta["method"], "seed": meta["seed"], "protocol": protocol,
-        "metrics": {k: float(v) for k, v in metrics.items()}, "settings": used, "wall_time_s": wall,
+        "dataset": meta["dataset"],
+        "method": meta["method"],
+        "seed": meta["seed"],
+        "protocol": protocol,
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "settings": used,
+        "wall_time_s": wall,
         # Protocols that run torch record their device in `used`; the rest (numpy, faiss) run on the CPU.
-        "run": meta, "cfg": cfg, "evaluated_with": provenance(used.get("device") or "cpu"),
+        "run": meta,
+        "cfg": cfg,
+        "evaluated_with": provenance(used.get("device") or "cpu"),
     }
     return atomic.write_json(out_path, result)
 
@@ -66,20 +81,31 @@ def run_protocol(protocol: str, features_path: str | Path, settings: dict, seed:
 def result_rows(result: dict) -> list[dict]:
     run, cfg = result["run"], result["cfg"]
     common = {
-        "dataset": result["dataset"], "method": result["method"], "seed": result["seed"],
+        "dataset": result["dataset"],
+        "method": result["method"],
+        "seed": result["seed"],
         "protocol": result["protocol"],
         "protocol_settings": json.dumps(result["settings"], sort_keys=True),
         "eval_wall_time_s": result["wall_time_s"],
-        "backbone": run["backbone"], "small_stem": run["small_stem"], "image_size": run["image_size"],
-        "epochs": cfg["train"]["epochs"], "epochs_trained": run["epochs_trained"],
-        "batch_size": cfg["train"]["batch_size"], "lr": cfg["train"]["lr"],
+        "backbone": run["backbone"],
+        "small_stem": run["small_stem"],
+        "image_size": run["image_size"],
+        "epochs": cfg["train"]["epochs"],
+        "epochs_trained": run["epochs_trained"],
+        "batch_size": cfg["train"]["batch_size"],
+        "lr": cfg["train"]["lr"],
         "method_params": json.dumps(cfg["params"], sort_keys=True),
         "augment": json.dumps(cfg.get("augment", {}), sort_keys=True),
-        "train_wall_time_s": run["train_wall_time_s"], "images_per_s": run["images_per_s"],
-        "device": run["device"], "git_commit": run["git_commit"], "git_dirty": run["git_dirty"],
+        "train_wall_time_s": run["train_wall_time_s"],
+        "images_per_s": run["images_per_s"],
+        "device": run["device"],
+        "git_commit": run["git_commit"],
+        "git_dirty": run["git_dirty"],
         **{f"version_{k}": v for k, v in run["versions"].items()},
     }
-    return [{**common, "metric": metric, "value": value} for metric, value in sorted(result["metrics"].items())]
+    return [
+        {**common, "metric": metric, "value": value} for metric, value in sorted(result["metrics"].items())
+    ]
 
 
 def read_result(path: str | Path) -> dict:

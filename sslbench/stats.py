@@ -9,6 +9,7 @@ deviation and the confidence interval do not exist, so ``std`` and ``ci95`` are
 NaN in the DataFrame, an empty cell in a CSV, and "—" / "(n=1)" on display. A
 zero would claim a certainty that one seed cannot give.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -45,19 +46,25 @@ def check_table(table: pd.DataFrame, where: str = "results/table.csv") -> pd.Dat
     required = ["dataset", "method", "seed", "protocol", "metric", "value"]
     missing = [c for c in required if c not in table.columns]
     if missing:
-        raise TableError(f"{where}: missing column(s) {missing}; rebuild it with `sslbench collect` "
-                         "(snakemake results/table.csv)")
+        raise TableError(
+            f"{where}: missing column(s) {missing}; rebuild it with `sslbench collect` "
+            "(snakemake results/table.csv)"
+        )
     values = pd.to_numeric(table["value"], errors="coerce")
     bad = table[~np.isfinite(values)]
     if len(bad):
         row = bad.iloc[0]
-        raise TableError(f"{where}: non-numeric or non-finite value {row['value']!r} for {row['method']} seed "
-                         f"{row['seed']} {row['protocol']}/{row['metric']}; delete that result JSON and rerun")
+        raise TableError(
+            f"{where}: non-numeric or non-finite value {row['value']!r} for {row['method']} seed "
+            f"{row['seed']} {row['protocol']}/{row['metric']}; delete that result JSON and rerun"
+        )
     duplicated = table.duplicated(["dataset", "method", "seed", "protocol", "metric"])
     if duplicated.any():
         row = table[duplicated].iloc[0]
-        raise TableError(f"{where}: two rows for {row['dataset']}/{row['method']} seed {row['seed']} "
-                         f"{row['protocol']}/{row['metric']}; rebuild the table with `sslbench collect`")
+        raise TableError(
+            f"{where}: two rows for {row['dataset']}/{row['method']} seed {row['seed']} "
+            f"{row['protocol']}/{row['metric']}; rebuild the table with `sslbench collect`"
+        )
     return table.assign(value=values.astype(float))
 
 
@@ -93,7 +100,9 @@ def paired_test(a: np.ndarray, b: np.ndarray) -> float:
     return float(scipy_stats.ttest_rel(a, b).pvalue)
 
 
-def verdict(method_a: str, method_b: str, mean_diff: float, p_value: float, n: int, alpha: float = ALPHA) -> str:
+def verdict(
+    method_a: str, method_b: str, mean_diff: float, p_value: float, n: int, alpha: float = ALPHA
+) -> str:
     if n < 2:
         return "untested (n < 2)"
     if p_value < alpha:
@@ -120,10 +129,30 @@ def paired_comparison(table: pd.DataFrame, protocol: str, metric: str, alpha: fl
                 continue
             diff = float((pair[a] - pair[b]).mean())
             p = paired_test(pair[a].to_numpy(), pair[b].to_numpy())
-            rows.append({"dataset": dataset, "protocol": protocol, "metric": metric, "method_a": a,
-                         "method_b": b, "mean_diff": diff, "p_value": p, "n": n,
-                         "verdict": verdict(a, b, diff, p, n, alpha)})
-    columns = ["dataset", "protocol", "metric", "method_a", "method_b", "mean_diff", "p_value", "n", "verdict"]
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "protocol": protocol,
+                    "metric": metric,
+                    "method_a": a,
+                    "method_b": b,
+                    "mean_diff": diff,
+                    "p_value": p,
+                    "n": n,
+                    "verdict": verdict(a, b, diff, p, n, alpha),
+                }
+            )
+    columns = [
+        "dataset",
+        "protocol",
+        "metric",
+        "method_a",
+        "method_b",
+        "mean_diff",
+        "p_value",
+        "n",
+        "verdict",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -145,7 +174,10 @@ def headline_stats(summary: pd.DataFrame, dataset: str | None = None) -> dict[st
         raise TableError(f"the summary holds several datasets {sorted(datasets)}; pass dataset= to pick one")
     methods = sorted(summary["method"].unique())
     labels = [label for label, _, _ in HEADLINE]
-    out = {k: pd.DataFrame(np.nan, index=pd.Index(methods, name="method"), columns=labels) for k in ("mean", "std", "n")}
+    out = {
+        k: pd.DataFrame(np.nan, index=pd.Index(methods, name="method"), columns=labels)
+        for k in ("mean", "std", "n")
+    }
     keyed = summary.set_index(["method", "protocol", "metric"])
     for label, protocol, metric in HEADLINE:
         for method in methods:
@@ -181,9 +213,13 @@ def best_methods(means: pd.DataFrame) -> dict[str, set[str]]:
 def headline_table(summary: pd.DataFrame, dataset: str | None = None) -> pd.DataFrame:
     """Methods × headline columns of "mean ± std" strings (percent); missing columns are "—"."""
     parts = headline_stats(summary, dataset)
-    cells = {column: [mean_pm_std(parts["mean"].loc[m, column], parts["std"].loc[m, column],
-                                  parts["n"].loc[m, column]) for m in parts["mean"].index]
-             for column in parts["mean"].columns}
+    cells = {
+        column: [
+            mean_pm_std(parts["mean"].loc[m, column], parts["std"].loc[m, column], parts["n"].loc[m, column])
+            for m in parts["mean"].index
+        ]
+        for column in parts["mean"].columns
+    }
     return pd.DataFrame(cells, index=parts["mean"].index)
 
 
@@ -219,31 +255,49 @@ def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str
             resolved = resolve_method_config(cfg, methods_dir, method)
         except (ConfigError, KeyError):
             continue  # a preset that cannot run this method cannot reproduce its numbers
-        out.append({"preset": f"{config_dir.name}/{path.name}", "stem": path.stem,
-                    "dataset": resolved["dataset"].get("label") or resolved["dataset"].get("name"), "backbone": resolved["backbone"].get("name"),
-                    "epochs": resolved["train"].get("epochs")})
+        out.append(
+            {
+                "preset": f"{config_dir.name}/{path.name}",
+                "stem": path.stem,
+                "dataset": resolved["dataset"].get("label") or resolved["dataset"].get("name"),
+                "backbone": resolved["backbone"].get("name"),
+                "epochs": resolved["train"].get("epochs"),
+            }
+        )
     return out
 
 
 def reproduce_hint(entry: pd.Series, presets: list[dict]) -> str:
     """Which preset would reproduce a reported number, or what one would need."""
+
     def same_dataset(p):  # imagefolder presets are named after their data (config/imagenet.yaml)
         return entry["dataset"] in (p["dataset"], p["stem"])
 
-    exact = [p["preset"] for p in presets if same_dataset(p) and p["backbone"] == entry["paper_backbone"]
-             and p["epochs"] == entry["paper_epochs"]]
+    exact = [
+        p["preset"]
+        for p in presets
+        if same_dataset(p)
+        and p["backbone"] == entry["paper_backbone"]
+        and p["epochs"] == entry["paper_epochs"]
+    ]
     if exact:
         return "run with --configfile " + " or ".join(exact)
     close = [p for p in presets if same_dataset(p) and p["backbone"] == entry["paper_backbone"]]
     if close:
         p = close[0]
-        return (f"closest preset {p['preset']} trains {p['epochs']} epochs (paper: {entry['paper_epochs']}); "
-                f"set train.epochs: {entry['paper_epochs']}")
-    return (f"no preset: needs dataset {entry['dataset']}, backbone {entry['paper_backbone']}, "
-            f"{entry['paper_epochs']} epochs")
+        return (
+            f"closest preset {p['preset']} trains {p['epochs']} epochs (paper: {entry['paper_epochs']}); "
+            f"set train.epochs: {entry['paper_epochs']}"
+        )
+    return (
+        f"no preset: needs dataset {entry['dataset']}, backbone {entry['paper_backbone']}, "
+        f"{entry['paper_epochs']} epochs"
+    )
 
 
-def reproduced_vs_reported(table: pd.DataFrame, methods_dir: str | Path, config_dir: str | Path) -> pd.DataFrame:
+def reproduced_vs_reported(
+    table: pd.DataFrame, methods_dir: str | Path, config_dir: str | Path
+) -> pd.DataFrame:
     """Each paper.yaml number beside ours under the same dataset, backbone and epochs.
 
     ours/std/n are the mean, std and seed count of our runs with the paper's settings, gap = ours -
@@ -253,8 +307,12 @@ def reproduced_vs_reported(table: pd.DataFrame, methods_dir: str | Path, config_
     paper = read_paper_results(methods_dir)
     rows = []
     for _, entry in paper.iterrows():
-        ours = table[(table["method"] == entry["method"]) & (table["dataset"] == entry["dataset"])
-                     & (table["protocol"] == entry["protocol"]) & (table["metric"] == entry["metric"])]
+        ours = table[
+            (table["method"] == entry["method"])
+            & (table["dataset"] == entry["dataset"])
+            & (table["protocol"] == entry["protocol"])
+            & (table["metric"] == entry["metric"])
+        ]
         if "backbone" in ours:
             ours = ours[ours["backbone"].astype(str) == str(entry["paper_backbone"])]
         if "epochs" in ours:
@@ -263,12 +321,35 @@ def reproduced_vs_reported(table: pd.DataFrame, methods_dir: str | Path, config_
         if len(ours):
             values = ours["value"]
             std = values.std(ddof=1) if len(values) > 1 else math.nan
-            row.update(ours=values.mean(), std=std, n=len(values), gap=values.mean() - float(entry["reported"]),
-                       reproduce="")
+            row.update(
+                ours=values.mean(),
+                std=std,
+                n=len(values),
+                gap=values.mean() - float(entry["reported"]),
+                reproduce="",
+            )
         else:
-            row.update(ours=math.nan, std=math.nan, n=0, gap=math.nan,
-                       reproduce=reproduce_hint(entry, preset_settings(config_dir, methods_dir, entry["method"])))
+            row.update(
+                ours=math.nan,
+                std=math.nan,
+                n=0,
+                gap=math.nan,
+                reproduce=reproduce_hint(entry, preset_settings(config_dir, methods_dir, entry["method"])),
+            )
         rows.append(row)
-    columns = ["method", "dataset", "paper_backbone", "paper_epochs", "protocol", "metric", "reported", "ours",
-               "std", "n", "gap", "source", "reproduce"]
+    columns = [
+        "method",
+        "dataset",
+        "paper_backbone",
+        "paper_epochs",
+        "protocol",
+        "metric",
+        "reported",
+        "ours",
+        "std",
+        "n",
+        "gap",
+        "source",
+        "reproduce",
+    ]
     return pd.DataFrame(rows, columns=columns)

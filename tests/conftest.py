@@ -1,6 +1,6 @@
 """Shared fixtures: a tiny configuration of the real suite (digits, timm's test_resnet, 2 epochs)."""
+
 import copy
-import os
 from pathlib import Path
 
 import pytest

@@ -7,6 +7,7 @@ marked as its own, refuses to overwrite one it did not write, and removes it at 
 foreground as our children and are stopped by their own PIDs. A lock file serialises test sessions that
 share the machine: the second one waits, then skips (SlurmBusy).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -75,7 +76,7 @@ class LocalSlurm:
         self.node = ""
 
     # -- lifecycle -------------------------------------------------------------------------------------
-    def __enter__(self) -> "LocalSlurm":
+    def __enter__(self) -> LocalSlurm:
         try:
             self.start()
         except BaseException:
@@ -95,7 +96,9 @@ class LocalSlurm:
         self._ensure_munge()
         self._write_conf()
         self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-i", "-f", str(self.conf)])
-        self._wait(lambda: self._run("scontrol", "ping").stdout.count("UP") > 0, "slurmctld answering", timeout)
+        self._wait(
+            lambda: self._run("scontrol", "ping").stdout.count("UP") > 0, "slurmctld answering", timeout
+        )
         self._spawn("slurmd", [_binary("slurmd"), "-D", "-f", str(self.conf)])
         self._wait(lambda: self.node_state() == "idle", "the node idle in sinfo", timeout)
 
@@ -125,15 +128,20 @@ class LocalSlurm:
     def jobs(self) -> list[dict[str, str]]:
         """Every job slurmctld still remembers (MinJobAge), as `scontrol show job -o` key=value fields."""
         out = self._run("scontrol", "show", "job", "-o").stdout
-        return [dict(field.split("=", 1) for field in line.split() if "=" in field)
-                for line in out.splitlines() if line.startswith("JobId=")]
+        return [
+            dict(field.split("=", 1) for field in line.split() if "=" in field)
+            for line in out.splitlines()
+            if line.startswith("JobId=")
+        ]
 
     def log_tail(self, lines: int = 30) -> str:
         parts = []
         for name in ("slurmctld", "slurmd"):
             log = self.folder / f"{name}.log"
             if log.exists():
-                parts.append(f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+                parts.append(
+                    f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+                )
         return "\n".join(parts)
 
     # -- internals -------------------------------------------------------------------------------------
@@ -145,10 +153,12 @@ class LocalSlurm:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self.lock = handle
                 return
-            except BlockingIOError:
+            except BlockingIOError as err:
                 if time.monotonic() > deadline:
                     handle.close()
-                    raise SlurmBusy(f"another test session holds {LOCK} (its local SLURM) after {wait:.0f} s")
+                    raise SlurmBusy(
+                        f"another test session holds {LOCK} (its local SLURM) after {wait:.0f} s"
+                    ) from err
                 time.sleep(1)
 
     def _run(self, *command: str) -> subprocess.CompletedProcess:
@@ -156,8 +166,9 @@ class LocalSlurm:
 
     def _spawn(self, name: str, command: list[str], **kwargs) -> None:
         log = open(self.folder / f"{name}.stdout", "wb")
-        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                env=self.env, start_new_session=True, **kwargs)
+        self.processes[name] = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True, **kwargs
+        )
         log.close()
 
     def _wait(self, ready, what: str, timeout: float) -> None:
@@ -165,7 +176,9 @@ class LocalSlurm:
         while time.monotonic() < deadline:
             dead = [n for n, p in self.processes.items() if p.poll() is not None]
             if dead:
-                raise SlurmUnavailable(f"{', '.join(dead)} exited while waiting for {what}\n{self.log_tail()}")
+                raise SlurmUnavailable(
+                    f"{', '.join(dead)} exited while waiting for {what}\n{self.log_tail()}"
+                )
             if ready():
                 return
             time.sleep(0.3)
@@ -184,8 +197,14 @@ class LocalSlurm:
         for folder in ("/run/munge", "/var/lib/munge", "/var/log/munge"):  # /run is emptied at boot
             os.makedirs(folder, exist_ok=True)
             os.chown(folder, munge.pw_uid, munge.pw_gid)
-        self._spawn("munged", [_binary("munged"), "--foreground"], user=munge.pw_uid, group=munge.pw_gid,
-                    extra_groups=[], cwd="/")
+        self._spawn(
+            "munged",
+            [_binary("munged"), "--foreground"],
+            user=munge.pw_uid,
+            group=munge.pw_gid,
+            extra_groups=[],
+            cwd="/",
+        )
         self._wait(self._munge_works, "munge answering (munge -n | unmunge)", 15)
 
     def _write_conf(self) -> None:

@@ -3,6 +3,7 @@
 Reference values come from hand computation and from torchvision's own
 per-image functional ops (real torchvision, image by image).
 """
+
 import math
 
 import pytest
@@ -25,7 +26,9 @@ from sslbench.augment import (
     view_config,
 )
 
-IDENTITY = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0, blur_p=0.0)
+IDENTITY = dict(
+    crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0, blur_p=0.0
+)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -101,7 +104,12 @@ def test_view_config_presets_and_overrides():
     assert view_config() == ViewConfig() == VIEW_PRESETS["mocov2"]
     moco2 = view_config("mocov2")
     assert (moco2.crop_scale, moco2.jitter_p, moco2.gray_p, moco2.blur_p, moco2.blur_sigma) == (
-        (0.2, 1.0), 0.8, 0.2, 0.5, (0.1, 2.0))
+        (0.2, 1.0),
+        0.8,
+        0.2,
+        0.5,
+        (0.1, 2.0),
+    )
     assert (moco2.brightness, moco2.contrast, moco2.saturation, moco2.hue) == (0.4, 0.4, 0.4, 0.1)
     simclr = view_config("simclr")
     assert (simclr.brightness, simclr.contrast, simclr.saturation, simclr.hue) == (0.8, 0.8, 0.8, 0.2)
@@ -118,13 +126,16 @@ def test_view_config_presets_and_overrides():
     assert VIEW_PRESETS["simclr"].blur_p == 0.5
 
 
-@pytest.mark.parametrize("call,needle", [
-    (lambda: view_config("byol"), "'byol'"),
-    (lambda: view_config("mocov2", blur=0.3), "blur"),
-    (lambda: view_config("mocov2", flip_p=1.5), "flip_p"),
-    (lambda: view_config("mocov2", crop_scale=(0.5, 0.2)), "crop_scale"),
-    (lambda: view_config("mocov2", hue=0.7), "hue"),
-])
+@pytest.mark.parametrize(
+    "call,needle",
+    [
+        (lambda: view_config("byol"), "'byol'"),
+        (lambda: view_config("mocov2", blur=0.3), "blur"),
+        (lambda: view_config("mocov2", flip_p=1.5), "flip_p"),
+        (lambda: view_config("mocov2", crop_scale=(0.5, 0.2)), "crop_scale"),
+        (lambda: view_config("mocov2", hue=0.7), "hue"),
+    ],
+)
 def test_view_config_errors_name_the_culprit(call, needle):
     with pytest.raises(ValueError, match=needle):
         call()
@@ -235,7 +246,9 @@ def test_crop_boxes_respect_scale_ratio_and_image_bounds():
 def test_crop_of_a_constant_image_stays_constant():
     values = torch.arange(0, 256, 17)
     images = constant_images(values, 3, 16)
-    out = ViewAugment(24, 3, *unit_stats(3), view_config("supervised", crop_scale=(0.08, 1.0)))(images, seeded(0))
+    out = ViewAugment(24, 3, *unit_stats(3), view_config("supervised", crop_scale=(0.08, 1.0)))(
+        images, seeded(0)
+    )
     expected = (values.float() / 255).view(-1, 1, 1, 1).expand_as(out)
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
 
@@ -253,9 +266,12 @@ def test_brightness_scales_a_constant_image_within_the_factor_range():
     assert factor.min() >= 1 - b - 1e-6 and factor.max() <= 1 + b + 1e-6
     assert factor.min() < 1 - b + 0.02 and factor.max() > 1 + b - 0.02  # the whole range is used
     # hand values: 60/255 * 1.5, and clamping at 1
-    torch.testing.assert_close(adjust_brightness(constant_images([60, 200], 3, 2).float() / 255,
-                                                 torch.tensor([1.5, 1.5]))[:, 0, 0, 0],
-                               torch.tensor([90 / 255, 1.0]))
+    torch.testing.assert_close(
+        adjust_brightness(constant_images([60, 200], 3, 2).float() / 255, torch.tensor([1.5, 1.5]))[
+            :, 0, 0, 0
+        ],
+        torch.tensor([90 / 255, 1.0]),
+    )
 
 
 def test_grayscale_equals_itu_r_601_luma():
@@ -277,9 +293,12 @@ def test_colour_ops_match_torchvision_per_image():
     shifts = torch.rand(6, generator=g) - 0.5
     per_image = lambda fn, values: torch.stack([fn(img, float(v)) for img, v in zip(x, values)])
     # torchvision's grey uses 0.2989 for red (we use ITU-R 601's 0.299): tiny differences
-    torch.testing.assert_close(adjust_contrast(x, factors), per_image(TF.adjust_contrast, factors), atol=3e-4, rtol=0)
-    torch.testing.assert_close(adjust_saturation(x, factors), per_image(TF.adjust_saturation, factors),
-                               atol=3e-4, rtol=0)
+    torch.testing.assert_close(
+        adjust_contrast(x, factors), per_image(TF.adjust_contrast, factors), atol=3e-4, rtol=0
+    )
+    torch.testing.assert_close(
+        adjust_saturation(x, factors), per_image(TF.adjust_saturation, factors), atol=3e-4, rtol=0
+    )
     torch.testing.assert_close(adjust_hue(x, shifts), per_image(TF.adjust_hue, shifts), atol=5e-6, rtol=0)
 
 
@@ -307,8 +326,9 @@ def test_hue_rotation_by_zero_and_by_a_full_turn_is_identity():
     torch.testing.assert_close(adjust_hue(adjust_hue(x, half), half), x, atol=5e-6, rtol=0)
     # a third of a turn maps pure red to pure green
     red = torch.tensor([1.0, 0.0, 0.0]).view(1, 3, 1, 1)
-    torch.testing.assert_close(adjust_hue(red, torch.tensor([1 / 3])).flatten(), torch.tensor([0.0, 1.0, 0.0]),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adjust_hue(red, torch.tensor([1 / 3])).flatten(), torch.tensor([0.0, 1.0, 0.0]), atol=1e-6, rtol=0
+    )
 
 
 def test_saturation_and_hue_are_no_ops_on_one_channel():
@@ -339,7 +359,7 @@ def test_blur_matches_a_hand_computed_kernel_and_torchvision():
     # interior pixel by hand: separable weights exp(-t^2 / 2 sigma^2), normalised
     t = torch.arange(-2, 3, dtype=torch.float32)
     for k in range(5):
-        w = torch.exp(-t ** 2 / (2 * sigma[k] ** 2))
+        w = torch.exp(-(t**2) / (2 * sigma[k] ** 2))
         w = w / w.sum()
         patch = x[k, :, 4:9, 4:9]
         by_hand = torch.einsum("i,j,cij->c", w, w, patch)
@@ -351,7 +371,9 @@ def test_blur_matches_a_hand_computed_kernel_and_torchvision():
 def test_blur_sigma_is_per_sample():
     one = random_images(1, 3, 32)
     batch = one.expand(32, -1, -1, -1).contiguous()
-    out = ViewAugment(32, 3, *unit_stats(3), view_config("none", blur_p=1.0, blur_sigma=(0.5, 2.0)))(batch, seeded(0))
+    out = ViewAugment(32, 3, *unit_stats(3), view_config("none", blur_p=1.0, blur_sigma=(0.5, 2.0)))(
+        batch, seeded(0)
+    )
     sharpness = (out[..., 1:] - out[..., :-1]).abs().mean(dim=(1, 2, 3))  # less with a larger sigma
     assert sharpness.unique().numel() == 32
     assert (sharpness < (one.float() / 255).diff(dim=-1).abs().mean()).all()

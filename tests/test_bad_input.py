@@ -1,15 +1,15 @@
 """Bad input gets one clear message naming the file, the key and the fix, before any training."""
+
 import copy
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
+from conftest import REPO, tiny_suite_config
 
 from sslbench.config import ConfigError, load_yaml, preflight, validate_config
-from conftest import REPO, tiny_suite_config
 
 SCHEMA = REPO / "config" / "schema.yaml"
 DEFAULT = REPO / "config" / "default.yaml"
@@ -28,15 +28,18 @@ def check(tmp_path, preset: dict) -> str:
     return message
 
 
-@pytest.mark.parametrize("preset, expected", [
-    ({"train": {"epochs": 0}}, "`train.epochs`"),
-    ({"train": {"batch_size": -4}}, "`train.batch_size`"),
-    ({"train": {"batch_size": "big"}}, "not of type 'integer'"),
-    ({"train": {"epocs": 3}}, "unknown key `train.epocs`"),
-    ({"dataset": {"name": "mnist"}}, "'mnist' is not one of ['digits', 'fashion_mnist'"),
-    ({"protocols": ["knn", "svm"]}, "'svm' is not one of ['knn'"),
-    ({"sedes": [0]}, "unknown key `sedes`"),
-])
+@pytest.mark.parametrize(
+    "preset, expected",
+    [
+        ({"train": {"epochs": 0}}, "`train.epochs`"),
+        ({"train": {"batch_size": -4}}, "`train.batch_size`"),
+        ({"train": {"batch_size": "big"}}, "not of type 'integer'"),
+        ({"train": {"epocs": 3}}, "unknown key `train.epocs`"),
+        ({"dataset": {"name": "mnist"}}, "'mnist' is not one of ['digits', 'fashion_mnist'"),
+        ({"protocols": ["knn", "svm"]}, "'svm' is not one of ['knn'"),
+        ({"sedes": [0]}, "unknown key `sedes`"),
+    ],
+)
 def test_config_errors_name_file_key_and_expectation(tmp_path, preset, expected):
     assert expected in check(tmp_path, preset)
 
@@ -67,11 +70,27 @@ def test_missing_dataset_files_name_the_path_and_how_to_get_them(tmp_path):
 
 def test_snakemake_stops_at_a_bad_config_before_any_job(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"train": {"epochs": 0}}))
-    out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
-                          "--configfile", "bad.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO / "Snakefile"),
+            "--cores",
+            "1",
+            "--configfile",
+            "bad.yaml",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
-    assert re.search(r"`train\.epochs` \(set in \S*bad\.yaml\): 0 is less than the minimum of 1",
-                     out.stdout + out.stderr), out.stderr
+    assert re.search(
+        r"`train\.epochs` \(set in \S*bad\.yaml\): 0 is less than the minimum of 1", out.stdout + out.stderr
+    ), out.stderr
     assert not (tmp_path / "results").exists()
 
 
@@ -90,8 +109,23 @@ def test_every_preset_resolves_for_every_method(preset):
 
 @pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
 def test_snakemake_plans_every_preset(tmp_path, preset):
-    out = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-n", "--cores", "1",
-                          "--configfile", str(REPO / "config" / f"{preset}.yaml")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO / "Snakefile"),
+            "-n",
+            "--cores",
+            "1",
+            "--configfile",
+            str(REPO / "config" / f"{preset}.yaml"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^pretrain\s+\d+", out.stdout + out.stderr, re.M)

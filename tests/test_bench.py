@@ -3,21 +3,41 @@
 No timed assertions: only the structure of the CSV and what must hold whatever the machine's load
 (equal kNN predictions, close k-means inertias, peak memory above an empty interpreter's).
 """
+
 import math
 import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import tiny_suite_config
-from sslbench.bench import (COLUMNS, SECTIONS, Repeats, Sizes, check_sections, exp_vote_weights, inertia,
-                            run_bench, run_measured, sela_settings,
-                            snakemake_benchmarks)
+
+from sslbench.bench import (
+    COLUMNS,
+    SECTIONS,
+    Repeats,
+    Sizes,
+    check_sections,
+    exp_vote_weights,
+    inertia,
+    run_bench,
+    run_measured,
+    sela_settings,
+    snakemake_benchmarks,
+)
 from sslbench.config import ConfigError
 
-TINY = Sizes(knn_train=1500, knn_test=300, dim=32, classes=10, kmeans_points=1500, kmeans_k=15, kmeans_iters=10,
-             sinkhorn_points=600, sinkhorn_clusters=30)
+TINY = Sizes(
+    knn_train=1500,
+    knn_test=300,
+    dim=32,
+    classes=10,
+    kmeans_points=1500,
+    kmeans_k=15,
+    kmeans_iters=10,
+    sinkhorn_points=600,
+    sinkhorn_clusters=30,
+)
 FAST = Repeats(warmup=1, steps=2, solvers=1, hook_budget_s=5.0)
 
 
@@ -30,8 +50,17 @@ def tiny_config(**overrides):
 
 def bench(tmp_path, sections, **kw):
     out = tmp_path / "bench.csv"
-    frame = run_bench(out, sections=sections, quick=True, config=kw.pop("config", None) or tiny_config(),
-                      sizes=TINY, repeats=FAST, threads=1, verbose=False, **kw)
+    frame = run_bench(
+        out,
+        sections=sections,
+        quick=True,
+        config=kw.pop("config", None) or tiny_config(),
+        sizes=TINY,
+        repeats=FAST,
+        threads=1,
+        verbose=False,
+        **kw,
+    )
     return out, frame
 
 
@@ -50,16 +79,22 @@ def test_step_and_views_rows_for_each_method(tmp_path):
     assert list(written.columns) == COLUMNS and len(written) == len(frame)
     assert list(frame["section"].unique()) == ["step", "views"]  # the fixed order, whatever was asked
     step = rows_of(frame, "step")
-    assert {"pcl", "pcl (with views)", "pcl on_epoch_start", "supervised", "supervised (with views)"} <= set(step.index)
+    assert {"pcl", "pcl (with views)", "pcl on_epoch_start", "supervised", "supervised (with views)"} <= set(
+        step.index
+    )
     assert "supervised on_epoch_start" not in step.index  # no hook to time
     assert math.isnan(step.loc["random", "value"])  # never trained: nothing timed, no ratio
     assert "never trained" in step.loc["random", "notes"]
     for name in ("pcl", "supervised"):
         assert step.loc[name, "value"] > 0 and step.loc[name, "reference"] > 0
-        assert step.loc[name, "ratio_is"] == "method step / bare step" and step.loc[name, "target"] == "<= 1.1"
+        assert (
+            step.loc[name, "ratio_is"] == "method step / bare step" and step.loc[name, "target"] == "<= 1.1"
+        )
         assert step.loc[name, "meets_target"] == (step.loc[name, "ratio"] <= 1.1)
     # PCL's hook walked epochs 0 and 1 with warmup_epochs 0: two E-steps, each slower than nothing.
-    assert step.loc["pcl on_epoch_start", "value"] > 0 and "2 calls" in step.loc["pcl on_epoch_start", "notes"]
+    assert (
+        step.loc["pcl on_epoch_start", "value"] > 0 and "2 calls" in step.loc["pcl on_epoch_start", "notes"]
+    )
     views = rows_of(frame, "views")
     assert set(views.index) == {"pcl", "supervised"}  # the untrained floor draws no views
     assert (views["unit"] == "images/s").all()
@@ -153,8 +188,13 @@ def test_bad_input_names_the_fix(tmp_path):
         check_sections(["step", "gpu"])
     assert check_sections("knn") == ["knn"] and check_sections(reversed(SECTIONS)) == list(SECTIONS)
     with pytest.raises(ConfigError, match="nosuchmethod.*known"):
-        run_bench(tmp_path / "b.csv", sections=["step"], config=tiny_config(), methods=["nosuchmethod"],
-                  verbose=False)
+        run_bench(
+            tmp_path / "b.csv",
+            sections=["step"],
+            config=tiny_config(),
+            methods=["nosuchmethod"],
+            verbose=False,
+        )
     with pytest.raises(FileNotFoundError, match="no_such.yaml"):
         run_bench(tmp_path / "b.csv", sections=["knn"], config=tmp_path / "no_such.yaml", verbose=False)
     assert not (tmp_path / "b.csv").exists()
@@ -165,8 +205,22 @@ def test_the_cli_pins_glibcs_malloc_thresholds_and_says_so(tmp_path):
     from pathlib import Path
 
     out = tmp_path / "bench.csv"
-    done = subprocess.run([sys.executable, "-m", "sslbench.cli", "bench", "--sections", "sinkhorn", "--quick",
-                           "--out", str(out), "--quiet"], cwd=Path(__file__).resolve().parent.parent,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sslbench.cli",
+            "bench",
+            "--sections",
+            "sinkhorn",
+            "--quick",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert set(pd.read_csv(out)["malloc"]) == {"glibc mmap and trim thresholds pinned at 1 GiB"}

@@ -9,13 +9,14 @@ from sklearn.metrics import adjusted_mutual_info_score
 
 from sslbench.clustering import (
     KMeansResult,
+    _sinkhorn_log_scalings,
+    _sinkhorn_scalings,
     concentration,
     equipartition_labels,
     kmeans,
     sinkhorn,
     sinkhorn_labels,
 )
-from sslbench.clustering import _sinkhorn_log_scalings, _sinkhorn_scalings
 
 SEEDS = [0, 1, 2]
 
@@ -217,9 +218,12 @@ def test_sinkhorn_on_float32_input_returns_float32_with_the_same_marginals(seed)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_sinkhorn_is_invariant_to_rescaling_rows(seed):
     probs = softmax_rows(seed, 100, 8, scale=1.0)
-    factors = torch.exp(torch.randn(100, 1, generator=torch.Generator().manual_seed(seed + 100), dtype=torch.float64))
-    torch.testing.assert_close(sinkhorn(probs * factors, 10.0, tol=1e-10),
-                               sinkhorn(probs, 10.0, tol=1e-10), rtol=1e-6, atol=0)
+    factors = torch.exp(
+        torch.randn(100, 1, generator=torch.Generator().manual_seed(seed + 100), dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        sinkhorn(probs * factors, 10.0, tol=1e-10), sinkhorn(probs, 10.0, tol=1e-10), rtol=1e-6, atol=0
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -262,8 +266,9 @@ def test_sinkhorn_matrix_vector_and_log_domain_forms_reach_the_same_plan(seed, l
     a, b, iterations = _sinkhorn_scalings(kernel, 1e-11, 5000)
     log_a, log_b, log_iterations = _sinkhorn_log_scalings(log_kernel, 1e-11, 5000)
     assert 1 < iterations < 5000 and 1 < log_iterations < 5000
-    torch.testing.assert_close(a[:, None] * kernel * b[None, :], (log_a[:, None] + log_kernel + log_b).exp(),
-                               rtol=1e-9, atol=0)
+    torch.testing.assert_close(
+        a[:, None] * kernel * b[None, :], (log_a[:, None] + log_kernel + log_b).exp(), rtol=1e-9, atol=0
+    )
 
 
 def test_sinkhorn_works_in_the_log_domain_when_a_column_would_underflow():
@@ -274,7 +279,9 @@ def test_sinkhorn_works_in_the_log_domain_when_a_column_would_underflow():
     kernel = (log_kernel - log_kernel.amax(dim=1, keepdim=True)).exp()
     assert (kernel[:, 0] == 0).all()
     with np.errstate(all="ignore"):
-        assert _sinkhorn_scalings(kernel, 1e-6, 1000) is None  # the matrix-vector form cannot give column 0 mass
+        assert (
+            _sinkhorn_scalings(kernel, 1e-6, 1000) is None
+        )  # the matrix-vector form cannot give column 0 mass
     plan = sinkhorn(probs, 25.0)
     assert_marginals(plan, tol=1e-6 * 1.01)  # column 0 gets its 1/K all the same
     log_a, log_b, _ = _sinkhorn_log_scalings(log_kernel, 1e-6, 1000)

@@ -1,8 +1,7 @@
 import pytest
-
-from sslbench.config import (ConfigError, deep_merge, discover_methods, resolve_method_config,
-                             selected_methods)
 from conftest import METHODS_DIR, tiny_suite_config
+
+from sslbench.config import ConfigError, deep_merge, discover_methods, resolve_method_config, selected_methods
 
 
 def test_discovery_finds_method_folders_and_skips_template(tmp_path):

@@ -1,4 +1,5 @@
 """Dataset registry: fixed splits, and every loader read back from tiny files in the real on-disk format."""
+
 from __future__ import annotations
 
 import gzip
@@ -43,7 +44,8 @@ def test_digits_split_is_stratified_and_partitions_sklearn_data():
     assert np.abs(test_counts.numpy() - 0.25 * totals).max() <= 1  # stratified: each class 25% +- 1
     # train + test is exactly sklearn's data (pixel value v -> round(v * 255 / 16)), nothing duplicated
     expected = sorted(
-        (bytes(np.rint(img * 255 / 16).astype(np.uint8).ravel()), int(y)) for img, y in zip(ds.images, ds.target)
+        (bytes(np.rint(img * 255 / 16).astype(np.uint8).ravel()), int(y))
+        for img, y in zip(ds.images, ds.target)
     )
     ours = sorted(
         (bytes(img.numpy().ravel()), int(y))
@@ -236,8 +238,12 @@ def test_cifar10_round_trip(tmp_path):
     train_labels = sum((batches[f"data_batch_{i}"][b"labels"] for i in range(1, 6)), [])
     assert len(ds.train) == 2 + 3 + 4 + 5 + 6 and len(ds.test) == 4
     assert ds.train.images.shape[1:] == (3, 32, 32) and ds.image_size == 32 and ds.num_classes == 10
-    assert ds.train.labels.tolist() == train_labels and ds.test.labels.tolist() == batches["test_batch"][b"labels"]
-    # a row is 1024 red values, then green, then blue, each row-major: pixel (c, r, col) = row[c*1024 + r*32 + col]
+    assert (
+        ds.train.labels.tolist() == train_labels
+        and ds.test.labels.tolist() == batches["test_batch"][b"labels"]
+    )
+    # a row is 1024 red values, then green, then blue, each row-major:
+    # pixel (c, r, col) = row[c*1024 + r*32 + col]
     row = train_data[3]
     assert ds.train.images[3, 1, 5, 7] == row[1 * 1024 + 5 * 32 + 7]
     assert ds.train.images[3, 2, 31, 0] == row[2 * 1024 + 31 * 32]
@@ -280,7 +286,9 @@ def test_cifar100_round_trip_with_fine_labels(tmp_path):
     write_pickle(folder / "meta", {b"fine_label_names": [f"f{i}".encode() for i in range(100)]})
     ds = load_dataset("cifar100", root=str(tmp_path))
     assert ds.num_classes == 100 and ds.class_names[99] == "f99"
-    assert ds.train.labels.tolist() == train[b"fine_labels"] and ds.test.labels.tolist() == test[b"fine_labels"]
+    assert (
+        ds.train.labels.tolist() == train[b"fine_labels"] and ds.test.labels.tolist() == test[b"fine_labels"]
+    )
     assert np.array_equal(ds.train.images.reshape(6, -1).numpy(), train[b"data"])
     assert np.array_equal(ds.test.images.reshape(3, -1).numpy(), test[b"data"])
 
@@ -295,7 +303,10 @@ def make_stl10(root: Path, n_train=3, n_test=2):
         "train": RNG.integers(0, 256, (n_train, 3, 96, 96), dtype=np.uint8),
         "test": RNG.integers(0, 256, (n_test, 3, 96, 96), dtype=np.uint8),
     }
-    labels = {"train": RNG.integers(1, 11, n_train, dtype=np.uint8), "test": RNG.integers(1, 11, n_test, dtype=np.uint8)}
+    labels = {
+        "train": RNG.integers(1, 11, n_train, dtype=np.uint8),
+        "test": RNG.integers(1, 11, n_test, dtype=np.uint8),
+    }
     labels["train"][0] = 10  # the largest stored label must become class 9
     for split in ("train", "test"):
         # the format stores each channel column-major: [N, C, W, H] in C order
@@ -350,8 +361,14 @@ def save_png(path: Path, array: np.ndarray) -> None:
 def make_imagefolder(root: Path, size=6):
     """train: b/ 2 images, a/ 1 image, c/ 1 image; val: a/ 1, b/ 1 (class order must come from sorting)."""
     pixels = {}
-    layout = {"train/b/x1.png": 0, "train/b/x0.png": 1, "train/a/y.PNG": 2, "train/c/z.png": 3,
-              "val/a/v.png": 4, "val/b/w.png": 5}
+    layout = {
+        "train/b/x1.png": 0,
+        "train/b/x0.png": 1,
+        "train/a/y.PNG": 2,
+        "train/c/z.png": 3,
+        "val/a/v.png": 4,
+        "val/b/w.png": 5,
+    }
     for relative in layout:
         array = RNG.integers(0, 256, (size, size, 3), dtype=np.uint8)
         save_png(root / relative, array)
@@ -425,8 +442,10 @@ def voc_xml(objects):
     parts = ["<annotation><folder>VOC2007</folder><size><width>8</width><height>8</height></size>"]
     for name, difficult in objects:
         tag = "" if difficult is None else f"<difficult>{difficult}</difficult>"
-        parts.append(f"<object><name>{name}</name><pose>Left</pose><truncated>0</truncated>{tag}"
-                     "<bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object>")
+        parts.append(
+            f"<object><name>{name}</name><pose>Left</pose><truncated>0</truncated>{tag}"
+            "<bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object>"
+        )
     return "".join(parts) + "</annotation>"
 
 
@@ -470,7 +489,9 @@ def test_voc07_labels_follow_lowshot_encoding_and_pixels_round_trip(tmp_path):
 
 def test_voc07_real_jpeg_decodes(tmp_path):
     voc, _ = make_voc(tmp_path)
-    Image.new("RGB", (16, 24), (200, 40, 90)).save(voc / "JPEGImages" / "000009.jpg", format="JPEG", quality=95)
+    Image.new("RGB", (16, 24), (200, 40, 90)).save(
+        voc / "JPEGImages" / "000009.jpg", format="JPEG", quality=95
+    )
     out = load_dataset("voc07", root=str(tmp_path), image_size=16).test.load([0])[0]
     assert out.shape == (3, 16, 16)
     assert (out.float() - torch.tensor([200.0, 40.0, 90.0]).view(3, 1, 1)).abs().max() <= 4  # JPEG is lossy

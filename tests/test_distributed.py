@@ -1,11 +1,11 @@
 """Real torch.distributed: 2 processes, gloo backend on the CPU, launched by torchrun."""
+
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import METHODS_DIR, REPO, tiny_suite_config
 
 pytestmark = pytest.mark.slow
@@ -30,9 +30,22 @@ def test_torchrun_training_writes_one_checkpoint(tmp_path):
 
     cfg = resolve_method_config(tiny_suite_config(epochs=1), METHODS_DIR, "simclr")
     out = tmp_path / "run"
-    run = torchrun("-m", "sslbench.cli", "pretrain", "--method-dir", str(METHODS_DIR / "simclr"),
-                   "--config-json", __import__("json").dumps(cfg), "--seed", "0", "--out", str(out),
-                   "--device", "cpu", "--quiet")
+    run = torchrun(
+        "-m",
+        "sslbench.cli",
+        "pretrain",
+        "--method-dir",
+        str(METHODS_DIR / "simclr"),
+        "--config-json",
+        __import__("json").dumps(cfg),
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     import torch
 
@@ -49,9 +62,14 @@ def test_every_method_trains_under_torchrun_with_identical_state_on_both_ranks(t
 
     run = torchrun(str(DDP_DIR / "train_every_method.py"), str(tmp_path), *METHODS, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    reports = [json.loads(line) for rank in (0, 1)
-               for line in (tmp_path / f"report_rank{rank}.jsonl").read_text().splitlines()]
-    assert sorted((r["method"], r["rank"]) for r in reports) == sorted((m, r) for m in METHODS for r in (0, 1))
+    reports = [
+        json.loads(line)
+        for rank in (0, 1)
+        for line in (tmp_path / f"report_rank{rank}.jsonl").read_text().splitlines()
+    ]
+    assert sorted((r["method"], r["rank"]) for r in reports) == sorted(
+        (m, r) for m in METHODS for r in (0, 1)
+    )
     for report in reports:
         assert report["mismatched"] == [], report
     for method in METHODS:

@@ -3,10 +3,16 @@ import shutil
 
 import pytest
 import torch
-
-from sslbench.engine import (Trainer, TrainingDiverged, learning_rate, make_optimizer, pretrain,
-                             uses_fused_optimizer)
 from conftest import METHODS_DIR
+
+from sslbench.engine import (
+    Trainer,
+    TrainingDiverged,
+    learning_rate,
+    make_optimizer,
+    pretrain,
+    uses_fused_optimizer,
+)
 
 
 def schedule(**kw):
@@ -95,7 +101,7 @@ def test_random_floor_is_seeded_and_untrained(tmp_path, method_config):
     assert torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["meta"]["epochs_trained"] == 0
 
 
-NAN_METHOD = '''
+NAN_METHOD = """
 import torch
 from sslbench import Method
 
@@ -108,7 +114,7 @@ class Diverges(Method):
         self.calls += 1
         loss = self.backbone(views[0]).pow(2).mean()
         return loss * float("nan") if self.calls > 30 else loss
-'''
+"""
 
 
 def test_nan_loss_stops_with_a_diagnostic_and_keeps_the_last_good_checkpoint(tmp_path, suite_config):
@@ -159,6 +165,7 @@ def test_folder_dataset_trains_through_dataloader_workers(tmp_path, method_confi
 
 # --- fast paths: fused optimiser, torch.compile -----------------------------------------------
 
+
 def test_fused_optimizer_is_cuda_only_by_default_and_can_be_forced():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert not uses_fused_optimizer({}, cpu) and uses_fused_optimizer({"fused_optimizer": "auto"}, cuda)
@@ -185,21 +192,35 @@ def assert_close_state(a, b, rtol, atol):
 
 def test_fused_sgd_trains_as_the_default_update_does(tmp_path, method_config):
     # The same update in other kernels: the runs part only by rounding, and the checkpoint says which ran.
-    default_meta, default = meta_and_encoder(pretrain(METHODS_DIR / "simclr", method_config("simclr"), 0,
-                                                      tmp_path / "default", progress=False))
+    default_meta, default = meta_and_encoder(
+        pretrain(METHODS_DIR / "simclr", method_config("simclr"), 0, tmp_path / "default", progress=False)
+    )
     cfg = method_config("simclr", train={"fused_optimizer": True})
-    fused_meta, fused = meta_and_encoder(pretrain(METHODS_DIR / "simclr", cfg, 0, tmp_path / "fused", progress=False))
-    assert default_meta["fast_paths"] == {"bf16_autocast": False, "channels_last": False,
-                                          "fused_optimizer": False, "compiled_backbone": False}
+    fused_meta, fused = meta_and_encoder(
+        pretrain(METHODS_DIR / "simclr", cfg, 0, tmp_path / "fused", progress=False)
+    )
+    assert default_meta["fast_paths"] == {
+        "bf16_autocast": False,
+        "channels_last": False,
+        "fused_optimizer": False,
+        "compiled_backbone": False,
+    }
     assert fused_meta["fast_paths"]["fused_optimizer"] is True
     assert_close_state(default, fused, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler")
+@pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler"
+)
 def test_compiled_backbone_steps_as_the_eager_one_and_keeps_checkpoint_names(tmp_path, method_config):
     eager = Trainer(METHODS_DIR / "simclr", method_config("simclr"), 0, tmp_path / "eager", progress=False)
-    compiled = Trainer(METHODS_DIR / "simclr", method_config("simclr", train={"compile": True}), 0,
-                       tmp_path / "compiled", progress=False)
+    compiled = Trainer(
+        METHODS_DIR / "simclr",
+        method_config("simclr", train={"compile": True}),
+        0,
+        tmp_path / "compiled",
+        progress=False,
+    )
     assert compiled.method.backbone._compiled_call_impl is not None  # nn.Module.compile took effect
     assert eager.method.backbone._compiled_call_impl is None
     ctx = {t: t.epoch_context() for t in (eager, compiled)}

@@ -1,4 +1,5 @@
 """Clustering protocol: faiss k-means on the test split scored with AMI / NMI / ARI."""
+
 import numpy as np
 import pytest
 import torch
@@ -11,10 +12,14 @@ from evaluation.common import l2_normalize, seed_for
 def feature_dict(test, test_labels, num_classes, n_train=20, dim=None):
     rng = np.random.default_rng(0)
     dim = dim or test.shape[1]
-    return {"train": torch.as_tensor(rng.normal(size=(n_train, dim)), dtype=torch.float32),
-            "train_labels": torch.as_tensor(rng.integers(0, num_classes, n_train)),
-            "test": torch.as_tensor(test, dtype=torch.float32), "test_labels": torch.as_tensor(test_labels),
-            "num_classes": num_classes, "meta": {}}
+    return {
+        "train": torch.as_tensor(rng.normal(size=(n_train, dim)), dtype=torch.float32),
+        "train_labels": torch.as_tensor(rng.integers(0, num_classes, n_train)),
+        "test": torch.as_tensor(test, dtype=torch.float32),
+        "test_labels": torch.as_tensor(test_labels),
+        "num_classes": num_classes,
+        "meta": {},
+    }
 
 
 def one_hot(seed, num_classes=6, n=300, noise=0.02):
@@ -44,8 +49,11 @@ def test_features_independent_of_labels_give_chance_scores():
     # their spread at n = 2000 and 10 clusters is about 0.002 (measured over random labelings),
     # so 0.02 is a wide bound that still fails any real signal.
     rng = np.random.default_rng(2)
-    metrics, _ = clustering.evaluate(feature_dict(rng.normal(size=(2000, 16)), rng.integers(0, 10, 2000), 10),
-                                     {"restarts": 3, "overcluster": [2]}, seed=0)
+    metrics, _ = clustering.evaluate(
+        feature_dict(rng.normal(size=(2000, 16)), rng.integers(0, 10, 2000), 10),
+        {"restarts": 3, "overcluster": [2]},
+        seed=0,
+    )
     for name in ("ami", "ari", "ami_k2x"):
         assert abs(metrics[name]) < 0.02, (name, metrics[name])
 
@@ -55,8 +63,12 @@ def test_metrics_are_the_mean_over_restarts_with_seeds_derived_from_the_run_seed
     x, labels = rng.normal(size=(200, 5)), rng.integers(0, 4, 200)  # no structure: restarts disagree
     settings = {"restarts": 3, "niter": 10, "overcluster": []}
     metrics, _ = clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)
-    per_restart = [adjusted_mutual_info_score(labels, clustering.kmeans_assign(
-        l2_normalize(x), 4, 10, 1, False, seed_for(7, 4, r))) for r in range(3)]
+    per_restart = [
+        adjusted_mutual_info_score(
+            labels, clustering.kmeans_assign(l2_normalize(x), 4, 10, 1, False, seed_for(7, 4, r))
+        )
+        for r in range(3)
+    ]
     assert len(set(per_restart)) == 3
     assert metrics["ami"] == pytest.approx(np.mean(per_restart))
     assert clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)[0] == metrics

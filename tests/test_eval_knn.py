@@ -1,4 +1,5 @@
 """Weighted kNN protocol: exact agreement with naive and sklearn votes, known answers."""
+
 import math
 
 import numpy as np
@@ -10,9 +11,14 @@ from evaluation import knn
 
 
 def feature_dict(train, train_labels, test, test_labels, num_classes):
-    return {"train": torch.as_tensor(train, dtype=torch.float32), "train_labels": torch.as_tensor(train_labels),
-            "test": torch.as_tensor(test, dtype=torch.float32), "test_labels": torch.as_tensor(test_labels),
-            "num_classes": num_classes, "meta": {}}
+    return {
+        "train": torch.as_tensor(train, dtype=torch.float32),
+        "train_labels": torch.as_tensor(train_labels),
+        "test": torch.as_tensor(test, dtype=torch.float32),
+        "test_labels": torch.as_tensor(test_labels),
+        "num_classes": num_classes,
+        "meta": {},
+    }
 
 
 def naive_scores(train, train_labels, test, k, temperature, num_classes):
@@ -29,8 +35,12 @@ def naive_scores(train, train_labels, test, k, temperature, num_classes):
 
 def random_problem(seed, n_train=300, n_test=40, dim=16, num_classes=7):
     rng = np.random.default_rng(seed)
-    return (rng.normal(size=(n_train, dim)).astype(np.float32), rng.integers(0, num_classes, n_train),
-            rng.normal(size=(n_test, dim)).astype(np.float32), num_classes)
+    return (
+        rng.normal(size=(n_train, dim)).astype(np.float32),
+        rng.integers(0, num_classes, n_train),
+        rng.normal(size=(n_test, dim)).astype(np.float32),
+        num_classes,
+    )
 
 
 @pytest.mark.parametrize("k,temperature", [(1, 0.1), (20, 0.07), (200, 0.1), (50, 1.0)])
@@ -52,8 +62,9 @@ def test_hand_computed_scores():
 def test_prediction_equals_sklearn_brute_force_cosine_vote():
     train, labels, test, c = random_problem(3, n_train=500, n_test=100)
     k, temperature = 15, 0.07
-    distance, neighbours = NearestNeighbors(n_neighbors=k, metric="cosine", algorithm="brute").fit(train) \
-        .kneighbors(test)
+    distance, neighbours = (
+        NearestNeighbors(n_neighbors=k, metric="cosine", algorithm="brute").fit(train).kneighbors(test)
+    )
     reference = np.zeros((len(test), c))
     for i in range(len(test)):
         np.add.at(reference[i], labels[neighbours[i]], np.exp((1.0 - distance[i]) / temperature))
@@ -71,8 +82,11 @@ def test_k_is_capped_at_train_size_and_cosine_ignores_scale():
     s = train / np.linalg.norm(train, axis=1, keepdims=True)
     np.testing.assert_allclose(capped.sum(1), np.exp(t @ s.T / 0.1).sum(1), rtol=1e-5)
     row_scale = np.random.default_rng(0).uniform(0.1, 10, size=(len(train), 1)).astype(np.float32)
-    np.testing.assert_allclose(knn.knn_classify(train * row_scale, labels, test, 10, 0.1, c),
-                               knn.knn_classify(train, labels, test, 10, 0.1, c), rtol=1e-5)
+    np.testing.assert_allclose(
+        knn.knn_classify(train * row_scale, labels, test, 10, 0.1, c),
+        knn.knn_classify(train, labels, test, 10, 0.1, c),
+        rtol=1e-5,
+    )
 
 
 def test_separable_features_give_perfect_accuracy_and_names_follow_requested_k():
@@ -94,8 +108,13 @@ def test_features_independent_of_labels_give_chance_accuracy():
     # probability exactly 1/C (top-5: 5/C), so the accuracy is Binomial(M, p) / M.
     rng = np.random.default_rng(1)
     c, m = 10, 2000
-    features = feature_dict(rng.normal(size=(1000, 32)), rng.integers(0, c, 1000),
-                            rng.normal(size=(m, 32)), rng.integers(0, c, m), c)
+    features = feature_dict(
+        rng.normal(size=(1000, 32)),
+        rng.integers(0, c, 1000),
+        rng.normal(size=(m, 32)),
+        rng.integers(0, c, m),
+        c,
+    )
     metrics, _ = knn.evaluate(features, {"variants": [{"k": 20, "temperature": 0.07}]}, seed=0)
     for name, p in [("top1_k20_t0.07", 0.1), ("top5_k20_t0.07", 0.5)]:
         sigma = math.sqrt(p * (1 - p) / m)
@@ -122,7 +141,9 @@ def test_one_search_at_the_largest_k_scores_every_variant_as_its_own_search(seed
     train, labels, test, c = random_problem(seed, n_train=500, n_test=200)
     test_labels = np.random.default_rng(seed + 10).integers(0, c, len(test))
     variants = [{"k": 3, "temperature": 0.05}, {"k": 200, "temperature": 0.1}, {"k": 20, "temperature": 0.07}]
-    metrics, _ = knn.evaluate(feature_dict(train, labels, test, test_labels, c), {"variants": variants}, seed=0)
+    metrics, _ = knn.evaluate(
+        feature_dict(train, labels, test, test_labels, c), {"variants": variants}, seed=0
+    )
     for v in variants:
         alone = knn.knn_classify(train, labels, test, v["k"], v["temperature"], c)
         name = knn.variant_name(v["k"], v["temperature"])

@@ -1,4 +1,5 @@
 """Linear probe on cached features: the fit, the held-out weight-decay choice, known answers."""
+
 import math
 
 import numpy as np
@@ -21,9 +22,14 @@ def one_torch_thread():
 
 
 def feature_dict(train, train_labels, test, test_labels, num_classes):
-    return {"train": torch.as_tensor(train, dtype=torch.float32), "train_labels": torch.as_tensor(train_labels),
-            "test": torch.as_tensor(test, dtype=torch.float32), "test_labels": torch.as_tensor(test_labels),
-            "num_classes": num_classes, "meta": {}}
+    return {
+        "train": torch.as_tensor(train, dtype=torch.float32),
+        "train_labels": torch.as_tensor(train_labels),
+        "test": torch.as_tensor(test, dtype=torch.float32),
+        "test_labels": torch.as_tensor(test_labels),
+        "num_classes": num_classes,
+        "meta": {},
+    }
 
 
 def blobs(seed, num_classes=5, dim=12, n_train=200, n_test=300, spread=1.5):
@@ -31,8 +37,13 @@ def blobs(seed, num_classes=5, dim=12, n_train=200, n_test=300, spread=1.5):
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(num_classes, dim))
     ytr, yte = rng.integers(0, num_classes, n_train), rng.integers(0, num_classes, n_test)
-    return (centres[ytr] + spread * rng.normal(size=(n_train, dim)), ytr,
-            centres[yte] + spread * rng.normal(size=(n_test, dim)), yte, num_classes)
+    return (
+        centres[ytr] + spread * rng.normal(size=(n_train, dim)),
+        ytr,
+        centres[yte] + spread * rng.normal(size=(n_test, dim)),
+        yte,
+        num_classes,
+    )
 
 
 def test_fit_equals_sklearn_multinomial_logistic_regression():
@@ -51,8 +62,16 @@ def test_stratified_holdout_is_a_partition_holding_out_a_fifth_of_each_class():
     labels = np.repeat([0, 1, 2, 3], [50, 20, 7, 1])
     fit, val = linear.stratified_holdout(labels, 0.2, seed=3)
     assert sorted(np.concatenate([fit, val]).tolist()) == list(range(len(labels)))
-    assert np.bincount(labels[val], minlength=4).tolist() == [10, 4, 1, 0]  # round(0.2 n), none from a singleton
-    again, other = linear.stratified_holdout(labels, 0.2, seed=3), linear.stratified_holdout(labels, 0.2, seed=4)
+    assert np.bincount(labels[val], minlength=4).tolist() == [
+        10,
+        4,
+        1,
+        0,
+    ]  # round(0.2 n), none from a singleton
+    again, other = (
+        linear.stratified_holdout(labels, 0.2, seed=3),
+        linear.stratified_holdout(labels, 0.2, seed=4),
+    )
     assert np.array_equal(again[1], val) and not np.array_equal(other[1], val)
 
 
@@ -60,8 +79,13 @@ def test_separable_features_give_perfect_accuracy():
     rng = np.random.default_rng(1)
     c = 8
     ytr, yte = np.repeat(np.arange(c), 15), rng.integers(0, c, 100)
-    features = feature_dict(np.eye(c)[ytr] + 0.01 * rng.normal(size=(len(ytr), c)), ytr,
-                            np.eye(c)[yte] + 0.01 * rng.normal(size=(len(yte), c)), yte, c)
+    features = feature_dict(
+        np.eye(c)[ytr] + 0.01 * rng.normal(size=(len(ytr), c)),
+        ytr,
+        np.eye(c)[yte] + 0.01 * rng.normal(size=(len(yte), c)),
+        yte,
+        c,
+    )
     metrics, used = linear.evaluate(features, SMALL_GRID, seed=0)
     assert metrics == {"top1": 1.0, "top5": 1.0}
     assert used["weight_decay"] in used["weight_decay_grid"] and used["mode"] == "cached"
@@ -72,8 +96,13 @@ def test_features_independent_of_labels_give_chance_accuracy():
     # prediction is right with probability exactly 1/C, so top-1 ~ Binomial(M, 1/C) / M.
     rng = np.random.default_rng(2)
     c, m = 10, 2000
-    features = feature_dict(rng.normal(size=(500, 16)), rng.integers(0, c, 500),
-                            rng.normal(size=(m, 16)), rng.integers(0, c, m), c)
+    features = feature_dict(
+        rng.normal(size=(500, 16)),
+        rng.integers(0, c, 500),
+        rng.normal(size=(m, 16)),
+        rng.integers(0, c, m),
+        c,
+    )
     metrics, _ = linear.evaluate(features, SMALL_GRID, seed=0)
     for name, p in [("top1", 0.1), ("top5", 0.5)]:
         assert abs(metrics[name] - p) < 4.5 * math.sqrt(p * (1 - p) / m), (name, metrics[name])

@@ -1,12 +1,13 @@
 """Linear probe, mode "paper" (MoCo's recipe): a frozen backbone, augmented crops, SGD on a linear layer."""
+
 import copy
 import math
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import METHODS_DIR, tiny_suite_config
+
 from evaluation import linear
 from sslbench.augment import EvalTransform, ViewAugment, view_config
 from sslbench.config import resolve_method_config
@@ -18,15 +19,23 @@ from sslbench.results import read_result, run_protocol
 FAST = {"mode": "paper", "epochs": 3, "milestones": [2], "batch_size": 128}
 # Enough to learn on the untrained floor's raw (unstandardised) features of 8x8 digits in ~1 s:
 # a lower lr than MoCo's 30 and milder crops than (0.08, 1), which leave little of an 8x8 digit.
-LEARNS = {"mode": "paper", "lr": 3.0, "epochs": 10, "milestones": [8], "batch_size": 64,
-          "augment": {"preset": "supervised", "crop_scale": [0.5, 1.0]}}
+LEARNS = {
+    "mode": "paper",
+    "lr": 3.0,
+    "epochs": 10,
+    "milestones": [8],
+    "batch_size": 64,
+    "augment": {"preset": "supervised", "crop_scale": [0.5, 1.0]},
+}
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """The untrained floor on the tiny suite (8x8 digits): no training, so it is built in a second."""
     cfg = resolve_method_config(tiny_suite_config(), METHODS_DIR, "random")
-    return pretrain(METHODS_DIR / "random", cfg, 0, tmp_path_factory.mktemp("run"), device="cpu", progress=False)
+    return pretrain(
+        METHODS_DIR / "random", cfg, 0, tmp_path_factory.mktemp("run"), device="cpu", progress=False
+    )
 
 
 def state_copy(module):
@@ -85,9 +94,13 @@ def test_one_full_batch_step_is_the_hand_computed_sgd_step(checkpoint):
     used["epochs"] = 1
     stepped = linear.fit_frozen_probe(backbone, train, 10, augment, used, seed=3, device=torch.device("cpu"))
 
-    features = embed(backbone, train, EvalTransform(8, 1, norm["mean"], norm["std"]), torch.device("cpu")).double()
+    features = embed(
+        backbone, train, EvalTransform(8, 1, norm["mean"], norm["std"]), torch.device("cpu")
+    ).double()
     w0, b0 = start.weight.detach().double(), start.bias.detach().double()
-    residual = (torch.softmax(features @ w0.T + b0, 1) - torch.eye(10, dtype=torch.float64)[train.labels]) / len(train)
+    residual = (
+        torch.softmax(features @ w0.T + b0, 1) - torch.eye(10, dtype=torch.float64)[train.labels]
+    ) / len(train)
     expected_w = w0 - lr * (residual.T @ features + wd * w0)
     expected_b = b0 - lr * (residual.sum(0) + wd * b0)
     torch.testing.assert_close(stepped.weight.detach().double(), expected_w, atol=1e-5, rtol=1e-4)
@@ -98,7 +111,12 @@ def test_one_full_batch_step_is_the_hand_computed_sgd_step(checkpoint):
 def test_learning_rate_drops_tenfold_at_each_milestone():
     used, _ = linear.resolve_paper_settings({"mode": "paper"})
     assert (used["lr"], used["epochs"], used["milestones"], used["momentum"], used["weight_decay"]) == (
-        30.0, 100, [60, 80], 0.9, 0.0)
+        30.0,
+        100,
+        [60, 80],
+        0.9,
+        0.0,
+    )
     lrs = {epoch: linear.paper_lr(used, epoch) for epoch in (0, 59, 60, 79, 80, 99)}
     assert lrs[0] == lrs[59] == 30.0
     assert math.isclose(lrs[60], 3.0) and math.isclose(lrs[79], 3.0)
@@ -125,8 +143,9 @@ def test_run_protocol_paper_mode_writes_a_result_above_chance(checkpoint, tmp_pa
 def test_run_protocol_records_the_gpu_it_fine_tuned_on(checkpoint, tmp_path):
     features = extract(checkpoint, tmp_path / "features.npz", device="cpu")
     settings = {**LEARNS, "device": "cuda"}
-    result = read_result(run_protocol("linear", features, settings, 0, tmp_path / "linear.json",
-                                      checkpoint_path=checkpoint))
+    result = read_result(
+        run_protocol("linear", features, settings, 0, tmp_path / "linear.json", checkpoint_path=checkpoint)
+    )
     assert result["evaluated_with"]["device"] == torch.cuda.get_device_name(0)
 
 
@@ -134,7 +153,10 @@ def test_same_seed_same_numbers(checkpoint):
     settings = {**FAST, "epochs": 1}
     first = linear.evaluate(None, settings, 4, checkpoint_path=checkpoint)
     assert linear.evaluate(None, settings, 4, checkpoint_path=checkpoint) == first
-    assert first[1]["lr"] == 30.0 and list(first[1]["view_config"]["crop_scale"]) == [0.08, 1.0]  # MoCo's values
+    assert first[1]["lr"] == 30.0 and list(first[1]["view_config"]["crop_scale"]) == [
+        0.08,
+        1.0,
+    ]  # MoCo's values
 
 
 def test_cached_mode_ignores_the_checkpoint(checkpoint, tmp_path):

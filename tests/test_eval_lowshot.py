@@ -1,4 +1,5 @@
 """Low-shot SVM protocol: the sampler, the AP definitions, the OvR reduction, known answers."""
+
 import numpy as np
 import pytest
 import torch
@@ -11,9 +12,14 @@ FAST = {"ks": [1, 2, 4, 8], "num_draws": 3, "cost_grid": [0.1, 1.0, 10.0]}
 
 
 def feature_dict(train, train_labels, test, test_labels, num_classes):
-    return {"train": torch.as_tensor(train, dtype=torch.float32), "train_labels": torch.as_tensor(train_labels),
-            "test": torch.as_tensor(test, dtype=torch.float32), "test_labels": torch.as_tensor(test_labels),
-            "num_classes": num_classes, "meta": {}}
+    return {
+        "train": torch.as_tensor(train, dtype=torch.float32),
+        "train_labels": torch.as_tensor(train_labels),
+        "test": torch.as_tensor(test, dtype=torch.float32),
+        "test_labels": torch.as_tensor(test_labels),
+        "num_classes": num_classes,
+        "meta": {},
+    }
 
 
 def one_hot_problem(seed, num_classes=5, per_class=12, n_test=60, noise=0.02):
@@ -30,10 +36,10 @@ def test_sampler_draws_exactly_k_per_class_reproducibly_and_only_from_the_given_
     draws = ls.sample_lowshot(labels, 4, num_draws=5, seed=11)
     assert len(draws) == 5
     for draw in draws:
-        assert len(set(draw.tolist())) == len(draw) == 24           # no repeats
-        assert draw.min() >= 0 and draw.max() < len(labels)          # indexes the train split only
+        assert len(set(draw.tolist())) == len(draw) == 24  # no repeats
+        assert draw.min() >= 0 and draw.max() < len(labels)  # indexes the train split only
         assert np.bincount(labels[draw], minlength=6).tolist() == [4] * 6
-    assert len({tuple(d) for d in draws}) == 5                       # independent draws differ
+    assert len({tuple(d) for d in draws}) == 5  # independent draws differ
     again, other = ls.sample_lowshot(labels, 4, 5, seed=11), ls.sample_lowshot(labels, 4, 5, seed=12)
     assert all(np.array_equal(a, b) for a, b in zip(draws, again))
     assert not any(np.array_equal(a, b) for a, b in zip(draws, other))
@@ -44,8 +50,10 @@ def test_sampler_draws_exactly_k_per_class_reproducibly_and_only_from_the_given_
 def test_training_and_cost_choice_never_touch_the_test_split():
     features = one_hot_problem(1, noise=0.6)  # overlapping classes: the chosen cost varies
     rng = np.random.default_rng(0)
-    corrupt = features | {"test": torch.as_tensor(rng.normal(size=(60, 5)), dtype=torch.float32),
-                          "test_labels": torch.as_tensor(rng.integers(0, 5, 60))}
+    corrupt = features | {
+        "test": torch.as_tensor(rng.normal(size=(60, 5)), dtype=torch.float32),
+        "test_labels": torch.as_tensor(rng.integers(0, 5, 60)),
+    }
     clean_metrics, clean = ls.evaluate(features, FAST, seed=0)
     corrupt_metrics, corrupted = ls.evaluate(corrupt, FAST, seed=0)
     assert corrupted["chosen_costs"] == clean["chosen_costs"]
@@ -61,7 +69,9 @@ def test_multilabel_sampler_takes_k_positives_and_c_minus_1_times_k_negatives_ne
         for c, rows in enumerate(draw):
             assert len(set(rows.tolist())) == len(rows) == 3 + 3 * 3
             assert (targets[rows[:3], c] == ls.POSITIVE).all() and (targets[rows[3:], c] == ls.NEGATIVE).all()
-    assert all(np.array_equal(a, b) for a, b in zip(draws[0], ls.sample_lowshot_multilabel(targets, 3, 2, 5)[0]))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(draws[0], ls.sample_lowshot_multilabel(targets, 3, 2, 5)[0])
+    )
 
 
 # ---------------------------------------------------------------- AP and the SVMs
@@ -71,7 +81,9 @@ def test_average_precision_equals_sklearn_with_and_without_ties():
         positive = rng.random(50) < 0.3
         positive[0] = True
         scores = rng.normal(size=50) if trial % 2 else rng.integers(0, 4, 50).astype(float)  # many ties
-        assert ls.average_precision(positive, scores) == pytest.approx(average_precision_score(positive, scores))
+        assert ls.average_precision(positive, scores) == pytest.approx(
+            average_precision_score(positive, scores)
+        )
 
 
 def test_voc_ap_hand_computed():
@@ -96,8 +108,12 @@ def test_one_liblinear_call_equals_vissl_per_class_binary_svms():
     y, x_eval = np.repeat(np.arange(4), 15), rng.normal(size=(30, 20))
     for cost in [0.1, 10.0]:
         got = ls.ovr_scores(x, y, x_eval, cost, 2.0, seed=0, counter={"fits": 0, "not_converged": 0})
-        binary = [LinearSVC(C=cost, class_weight={1: 2, -1: 1}, dual=False, tol=1e-4)
-                  .fit(x, np.where(y == c, 1, -1)).decision_function(x_eval) for c in range(4)]
+        binary = [
+            LinearSVC(C=cost, class_weight={1: 2, -1: 1}, dual=False, tol=1e-4)
+            .fit(x, np.where(y == c, 1, -1))
+            .decision_function(x_eval)
+            for c in range(4)
+        ]
         np.testing.assert_allclose(got, np.stack(binary, 1), atol=1e-6)
     two = ls.ovr_scores(x[:30], y[:30], x_eval, 1.0, 2.0, 0, {"fits": 0, "not_converged": 0})
     assert two.shape == (30, 2)  # two classes still give one SVM per class
@@ -106,8 +122,11 @@ def test_one_liblinear_call_equals_vissl_per_class_binary_svms():
 # ---------------------------------------------------------------- the protocol
 def test_separable_features_give_perfect_map_and_top1_at_every_k():
     metrics, used = ls.evaluate(one_hot_problem(4), FAST, seed=0)
-    expected = {f"{stat}_k{k}_{agg}" for k in FAST["ks"] for stat, agg in
-                [("map", "mean"), ("map", "std"), ("map", "min"), ("map", "max"), ("top1", "mean")]}
+    expected = {
+        f"{stat}_k{k}_{agg}"
+        for k in FAST["ks"]
+        for stat, agg in [("map", "mean"), ("map", "std"), ("map", "min"), ("map", "max"), ("top1", "mean")]
+    }
     assert set(metrics) == expected
     for k in FAST["ks"]:
         assert metrics[f"map_k{k}_mean"] == metrics[f"map_k{k}_min"] == 1.0
@@ -160,7 +179,9 @@ def test_settings_errors():
         ls.evaluate(features, {"C": 1.0}, seed=0)
     with pytest.raises(ValueError, match="no k in"):
         ls.evaluate(features, {**FAST, "ks": [64]}, seed=0)
-    swapped = features | {"train_labels": torch.zeros(60, 5, dtype=torch.int64),
-                          "test_labels": torch.zeros(60, 5, dtype=torch.int64)}
+    swapped = features | {
+        "train_labels": torch.zeros(60, 5, dtype=torch.int64),
+        "test_labels": torch.zeros(60, 5, dtype=torch.int64),
+    }
     with pytest.raises(ValueError, match="difficult"):
         ls.evaluate(swapped, FAST, seed=0)

@@ -1,4 +1,5 @@
 """Semi-supervised fine-tuning: labelled subsets, held-out lr choice, fine-tuning from a checkpoint."""
+
 import dataclasses
 import hashlib
 import math
@@ -8,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import METHODS_DIR, tiny_suite_config
 from PIL import Image
 
-from conftest import METHODS_DIR, tiny_suite_config
 from evaluation import semisup
 from sslbench.config import resolve_method_config
 from sslbench.data import ImageSet, load_dataset
@@ -25,7 +26,9 @@ CHANCE_MARGIN = 0.1 + 4.5 * math.sqrt(0.1 * 0.9 / 450)  # 450 test digits, 10 cl
 def checkpoint(tmp_path_factory):
     """SimCLR trained on the tiny suite (8x8 digits, 2 epochs)."""
     cfg = resolve_method_config(tiny_suite_config(), METHODS_DIR, "simclr")
-    return pretrain(METHODS_DIR / "simclr", cfg, 0, tmp_path_factory.mktemp("run"), device="cpu", progress=False)
+    return pretrain(
+        METHODS_DIR / "simclr", cfg, 0, tmp_path_factory.mktemp("run"), device="cpu", progress=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,9 @@ def test_subsets_are_class_balanced_nested_and_drawn_per_seed():
     assert np.isin(subsets["1pct"], subsets["10pct"]).all()
     again, other = semisup.draw_subsets(labels, seed=0), semisup.draw_subsets(labels, seed=1)
     assert all(np.array_equal(again[n], subsets[n]) for n in subsets)
-    assert not np.array_equal(other["10pct"], subsets["10pct"]) and np.isin(other["1pct"], other["10pct"]).all()
+    assert (
+        not np.array_equal(other["10pct"], subsets["10pct"]) and np.isin(other["1pct"], other["10pct"]).all()
+    )
     # Unequal classes: each keeps the same fraction, at least one image.
     skewed = np.repeat([0, 1, 2], [3, 250, 1000])
     counts = {n: np.bincount(skewed[i]).tolist() for n, i in semisup.draw_subsets(skewed, seed=5).items()}
@@ -76,14 +81,18 @@ def test_subset_files_hold_the_drawn_indices_and_their_recorded_hash(checkpoint,
 
 def test_settings_and_lr_choice_are_recorded(result):
     _, used = result
-    assert used["epochs"] == FAST["epochs"] and used["batch_size"] == 32 and used["head_lr_multiplier"] == 10.0
+    assert (
+        used["epochs"] == FAST["epochs"] and used["batch_size"] == 32 and used["head_lr_multiplier"] == 10.0
+    )
     ten, one = used["lr_selection"]["10pct"], used["lr_selection"]["1pct"]
     assert ten["lr"] in FAST["lr_grid"] and ten["head_lr"] == pytest.approx(10 * ten["lr"])
     assert len(ten["val_top1_per_lr"]) == 2
     best = max(ten["val_top1_per_lr"])
     assert ten["lr"] == min(lr for lr, v in zip(FAST["lr_grid"], ten["val_top1_per_lr"]) if v == best)
     # 1% of digits is one image per class: nothing to hold out, so the 10% choice is reused.
-    assert one["lr"] == ten["lr"] and one["how"].startswith("reused from 10pct") and one["val_top1_per_lr"] == []
+    assert (
+        one["lr"] == ten["lr"] and one["how"].startswith("reused from 10pct") and one["val_top1_per_lr"] == []
+    )
 
 
 def test_lr_choice_never_sees_test_labels_and_runs_are_deterministic(checkpoint, result, tmp_path):
@@ -95,14 +104,17 @@ def test_lr_choice_never_sees_test_labels_and_runs_are_deterministic(checkpoint,
     metrics, used = semisup.run_semisup(ckpt, corrupted, FAST, 0, tmp_path / "corrupted")
     assert used["lr_selection"] == clean[1]["lr_selection"]
     assert metrics["top1_10pct"] < clean[0]["top1_10pct"]  # the test labels are used for scoring only
-    other_seed = semisup.run_semisup(ckpt, data, {**FAST, "epochs": {"1pct": 0, "10pct": 0}}, 1, tmp_path / "s1")
+    other_seed = semisup.run_semisup(
+        ckpt, data, {**FAST, "epochs": {"1pct": 0, "10pct": 0}}, 1, tmp_path / "s1"
+    )
     assert other_seed[1]["subsets"]["10pct"]["sha256"] != clean[1]["subsets"]["10pct"]["sha256"]
 
 
 def test_finetuning_beats_the_untrained_head(checkpoint, result, tmp_path):
     ckpt = read_checkpoint(checkpoint)
-    untrained, _ = semisup.run_semisup(ckpt, load_data(ckpt["cfg"]), {**FAST, "epochs": {"1pct": 0, "10pct": 0}}, 0,
-                                       tmp_path)
+    untrained, _ = semisup.run_semisup(
+        ckpt, load_data(ckpt["cfg"]), {**FAST, "epochs": {"1pct": 0, "10pct": 0}}, 0, tmp_path
+    )
     trained, _ = result
     assert untrained["top1_10pct"] < CHANCE_MARGIN  # a N(0, 0.01) head on frozen features: ~ chance
     for name in semisup.FRACTIONS:
@@ -117,7 +129,11 @@ def test_given_index_lists_replace_the_draw(checkpoint, tmp_path):
     files = {"1pct": tmp_path / "one.txt", "10pct": tmp_path / "ten.txt"}
     files["1pct"].write_text("# 1% list\n" + "\n".join(map(str, one[::-1])) + "\n")
     files["10pct"].write_text("\n".join(map(str, ten)) + "\n\n")
-    settings = {"epochs": {"1pct": 1, "10pct": 1}, "lr_grid": [0.01], "subset_files": {k: str(v) for k, v in files.items()}}
+    settings = {
+        "epochs": {"1pct": 1, "10pct": 1},
+        "lr_grid": [0.01],
+        "subset_files": {k: str(v) for k, v in files.items()},
+    }
     _, used = semisup.evaluate(None, settings, 0, checkpoint_path=checkpoint)
     for name, given in [("1pct", one), ("10pct", ten)]:
         record = used["subsets"][name]
@@ -132,7 +148,9 @@ def test_file_name_lists_map_to_train_indices(tmp_path):
     for i in range(4):
         paths.append(tmp_path / f"img_{i}.png")
         Image.fromarray(np.full((8, 8), 40 * i, dtype=np.uint8)).save(paths[-1])
-    train = ImageSet(labels=torch.tensor([0, 1, 0, 1]), paths=[str(p) for p in paths], image_size=8, channels=1)
+    train = ImageSet(
+        labels=torch.tensor([0, 1, 0, 1]), paths=[str(p) for p in paths], image_size=8, channels=1
+    )
     listing = tmp_path / "names.txt"
     listing.write_text("img_3.png\nimg_0.png\n")
     assert semisup.read_subset_file(listing, train).tolist() == [0, 3]
@@ -145,7 +163,9 @@ def test_file_name_lists_map_to_train_indices(tmp_path):
     listing.write_text("1\n1\n")
     with pytest.raises(ValueError, match="twice"):
         semisup.read_subset_file(listing, train)
-    in_memory = ImageSet(labels=torch.tensor([0, 1]), images=torch.zeros(2, 1, 8, 8, dtype=torch.uint8), channels=1)
+    in_memory = ImageSet(
+        labels=torch.tensor([0, 1]), images=torch.zeros(2, 1, 8, 8, dtype=torch.uint8), channels=1
+    )
     listing.write_text("img_0.png\n")
     with pytest.raises(ValueError, match="list train indices instead"):
         semisup.read_subset_file(listing, in_memory)

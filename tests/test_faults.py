@@ -1,4 +1,5 @@
 """Faults lose nothing: a real SIGKILL mid-training, unwritable outputs."""
+
 import json
 import os
 import signal
@@ -8,17 +9,33 @@ import time
 
 import pytest
 import torch
+from conftest import METHODS_DIR, REPO
 
 from sslbench import atomic
-from conftest import METHODS_DIR, REPO
 
 pytestmark = pytest.mark.slow
 
 
 def pretrain_cmd(cfg: dict, out) -> list[str]:
-    return [sys.executable, "-m", "sslbench.cli", "pretrain", "--method-dir", str(METHODS_DIR / "simclr"),
-            "--config-json", json.dumps(cfg), "--seed", "0", "--out", str(out), "--device", "cpu", "--quiet",
-            "--threads", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "sslbench.cli",
+        "pretrain",
+        "--method-dir",
+        str(METHODS_DIR / "simclr"),
+        "--config-json",
+        json.dumps(cfg),
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--quiet",
+        "--threads",
+        "1",
+    ]
 
 
 def test_sigkill_mid_epoch_then_rerun_gives_the_uninterrupted_checkpoint(tmp_path, method_config):
@@ -81,7 +98,6 @@ def test_snakemake_killed_mid_training_resumes_on_the_next_run(tmp_path, method_
     import shutil
 
     import yaml
-
     from conftest import tiny_suite_config
 
     root = tmp_path / "wf"
@@ -93,10 +109,20 @@ def test_snakemake_killed_mid_training_resumes_on_the_next_run(tmp_path, method_
     cfg.update(methods=["simclr"], protocols=["knn"])
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"}
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "results/table.csv", "--configfile", "tiny.yaml"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--cores",
+        "1",
+        "results/table.csv",
+        "--configfile",
+        "tiny.yaml",
+    ]
 
-    proc = subprocess.Popen(cmd, cwd=root, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=root, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     run = root / "results" / "digits" / "simclr" / "seed0"
     deadline = time.time() + 300
     while not (run / "checkpoints" / "epoch_0001.pt").exists() and time.time() < deadline:
@@ -114,8 +140,12 @@ def test_snakemake_killed_mid_training_resumes_on_the_next_run(tmp_path, method_
     assert (root / "results" / "table.csv").exists()
 
     resolved = method_config("simclr", train={"epochs": 4})
-    reference = subprocess.run(pretrain_cmd(resolved, tmp_path / "ref"), env={**env, "PYTHONPATH": str(REPO)},
-                               capture_output=True, text=True)
+    reference = subprocess.run(
+        pretrain_cmd(resolved, tmp_path / "ref"),
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
     assert reference.returncode == 0, reference.stderr
     a = torch.load(tmp_path / "ref" / "checkpoint.pt", weights_only=False)["encoder"]
     b = torch.load(run / "checkpoint.pt", weights_only=False)["encoder"]

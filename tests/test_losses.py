@@ -75,7 +75,9 @@ def naive_supcon(features, labels, temperature, base_temperature, first_view_onl
         denominator = sum(math.exp(float(anchor @ features[j, w]) / temperature) for j, w in others)
         positives = [(j, w) for (j, w) in others if label(j) == label(i)]
         if positives:
-            log_probs = [float(anchor @ features[j, w]) / temperature - math.log(denominator) for j, w in positives]
+            log_probs = [
+                float(anchor @ features[j, w]) / temperature - math.log(denominator) for j, w in positives
+            ]
             total += -(temperature / base_temperature) * sum(log_probs) / len(positives)
     return total / len(anchors)
 
@@ -117,7 +119,9 @@ def test_supcon_with_distinct_labels_is_nt_xent(seed, contrast_mode):
 @pytest.mark.parametrize("batch", [2, 5, 16])
 @pytest.mark.parametrize("temperature,base_temperature", [(0.07, 0.07), (0.5, 0.07)])
 @pytest.mark.parametrize("use_labels", [False, True])
-def test_supcon_on_collapsed_features_is_log_of_contrast_count(batch, temperature, base_temperature, use_labels):
+def test_supcon_on_collapsed_features_is_log_of_contrast_count(
+    batch, temperature, base_temperature, use_labels
+):
     g = torch.Generator().manual_seed(batch)
     one_point = unit_rows(g, 1, 1, 8)
     features = one_point.expand(batch, 2, 8).contiguous()
@@ -211,7 +215,9 @@ def test_sampled_negative_prototypes_cover_every_candidate_and_follow_the_genera
     candidates = set(range(10)) - {0, 3, 7}
     seen = set()
     for seed in range(30):
-        seen |= set(sample_negative_prototypes(assignments, 10, 2, torch.Generator().manual_seed(seed)).tolist())
+        seen |= set(
+            sample_negative_prototypes(assignments, 10, 2, torch.Generator().manual_seed(seed)).tolist()
+        )
     assert seen == candidates
     first = sample_negative_prototypes(assignments, 10, 4, torch.Generator().manual_seed(5))
     again = sample_negative_prototypes(assignments, 10, 4, torch.Generator().manual_seed(5))
@@ -249,8 +255,14 @@ def test_proto_nce_with_all_remaining_negatives_matches_hand_computation(seed):
 def test_proto_nce_gradients_flow_to_query(num_negatives):
     g = torch.Generator().manual_seed(0)
     query = unit_rows(g, 5, 6).requires_grad_()
-    loss = proto_nce(query, unit_rows(g, 10, 6), torch.tensor([0, 1, 1, 2, 4]),
-                     torch.full((10,), 0.1, dtype=torch.float64), num_negatives=num_negatives, generator=g)
+    loss = proto_nce(
+        query,
+        unit_rows(g, 10, 6),
+        torch.tensor([0, 1, 1, 2, 4]),
+        torch.full((10,), 0.1, dtype=torch.float64),
+        num_negatives=num_negatives,
+        generator=g,
+    )
     loss.backward()
     assert torch.isfinite(query.grad).all() and query.grad.abs().sum() > 0
 

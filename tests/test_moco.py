@@ -1,4 +1,5 @@
 """MoCo (methods/moco) and its machinery (sslbench/momentum.py), on tiny inputs."""
+
 import datetime
 import math
 import warnings
@@ -6,15 +7,20 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import METHODS_DIR
 from torch import nn
 
-from conftest import METHODS_DIR
 from sslbench.backbones import create_backbone
 from sslbench.engine import Trainer, build_method, load_data
 from sslbench.losses import info_nce
 from sslbench.method import EpochContext
-from sslbench.momentum import (KeyQueue, MomentumEncoder, SplitBatchNorm2d, fit_queue_size,
-                               use_split_batch_norm)
+from sslbench.momentum import (
+    KeyQueue,
+    MomentumEncoder,
+    SplitBatchNorm2d,
+    fit_queue_size,
+    use_split_batch_norm,
+)
 
 BATCH = 64  # the tiny suite's batch size (tests/conftest.py)
 
@@ -32,8 +38,15 @@ def views(seed, n=BATCH):
 def context():
     def no_data(fn):
         raise AssertionError("this test does not look at the training set")
-    return EpochContext(epoch=0, num_epochs=1, step=1, steps_per_epoch=1, device=torch.device("cpu"),
-                        forward_train_set=no_data)
+
+    return EpochContext(
+        epoch=0,
+        num_epochs=1,
+        step=1,
+        steps_per_epoch=1,
+        device=torch.device("cpu"),
+        forward_train_set=no_data,
+    )
 
 
 def capture_outputs(module):
@@ -62,6 +75,7 @@ def sgd_step(method, batch_seed):
 
 
 # --- the key encoder ---------------------------------------------------------------------
+
 
 def test_momentum_zero_copies_the_query_encoder_after_one_step(method_config):
     method = build(method_config, momentum=0.0)
@@ -107,6 +121,7 @@ def test_shuffled_key_forward_returns_keys_in_batch_order():
 
 
 # --- the queue ---------------------------------------------------------------------------
+
 
 def test_queue_holds_the_last_K_keys_in_ring_order(method_config):
     method = build(method_config).train()
@@ -155,6 +170,7 @@ def test_effective_queue_size_shrinks_with_a_warning_on_small_data(method_config
 
 # --- split batch norm ----------------------------------------------------------------------
 
+
 def random_bn(bn):
     with torch.no_grad():
         bn.weight.uniform_(0.5, 1.5)
@@ -187,7 +203,9 @@ def test_split_bn_normalises_each_sub_batch_on_its_own():
     expected, means, variances = torch.empty_like(out), [], []
     for j in range(4):  # sub-batch j: samples j, j + 4, j + 8, j + 12 (moco's CIFAR demo split)
         mean, var = start_mean.clone(), start_var.clone()
-        expected[j::4] = F.batch_norm(x[j::4], mean, var, split.weight, split.bias, True, split.momentum, split.eps)
+        expected[j::4] = F.batch_norm(
+            x[j::4], mean, var, split.weight, split.bias, True, split.momentum, split.eps
+        )
         means.append(mean)
         variances.append(var)
     torch.testing.assert_close(out, expected)
@@ -208,8 +226,9 @@ def test_split_bn_conversion_keeps_the_state_dict_of_the_backbone(method_config)
     method = build(method_config, bn_splits=4)
     split_layers = [m for m in method.backbone.modules() if isinstance(m, nn.BatchNorm2d)]
     assert split_layers and all(isinstance(m, SplitBatchNorm2d) for m in split_layers)
-    assert all(isinstance(m, SplitBatchNorm2d) for m in method.key_encoder.modules()
-               if isinstance(m, nn.BatchNorm2d))
+    assert all(
+        isinstance(m, SplitBatchNorm2d) for m in method.key_encoder.modules() if isinstance(m, nn.BatchNorm2d)
+    )
     plain = create_backbone(method.cfg["backbone"]["name"], in_chans=1)
     plain.load_state_dict(method.encoder().state_dict())  # the evaluated encoder loads into timm's
     with pytest.raises(ValueError, match="bn_splits"):
@@ -219,6 +238,7 @@ def test_split_bn_conversion_keeps_the_state_dict_of_the_backbone(method_config)
 
 
 # --- versions ------------------------------------------------------------------------------
+
 
 def test_version_one_has_a_linear_head_and_warns_about_a_v2_recipe(method_config):
     with pytest.warns(UserWarning, match="mocov1"):
@@ -233,6 +253,7 @@ def test_version_one_has_a_linear_head_and_warns_about_a_v2_recipe(method_config
 
 
 # --- training ------------------------------------------------------------------------------
+
 
 @pytest.mark.filterwarnings("ignore:moco. version 2 uses")  # no augmentation, on purpose
 def test_training_lowers_the_loss(tmp_path, method_config):
@@ -267,9 +288,15 @@ def test_resume_restores_the_queue_and_key_encoder_exactly(tmp_path, method_conf
 
 # --- shuffle-BN across ranks (real torch.distributed, gloo on CPU) ---------------------------
 
+
 def _shuffle_bn_worker(rank, world, port, out_dir):
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                         world_size=world, timeout=datetime.timedelta(seconds=60))
+    torch.distributed.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     torch.manual_seed(0)  # the same network on every rank
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 5))
     encoder = MomentumEncoder([net], momentum=0.9)
@@ -281,9 +308,19 @@ def _shuffle_bn_worker(rank, world, port, out_dir):
     train_keys = encoder.train()(x)
     queue = KeyQueue(32, 5)
     queue.push(eval_keys)
-    torch.save({"x": x, "seen": seen[0], "own_conv": encoder.net[0][0](x), "train_keys": train_keys,
-                "eval_keys": eval_keys, "embed": embedded, "queue": queue.keys,
-                "pointer": queue.pointer}, f"{out_dir}/rank{rank}.pt")
+    torch.save(
+        {
+            "x": x,
+            "seen": seen[0],
+            "own_conv": encoder.net[0][0](x),
+            "train_keys": train_keys,
+            "eval_keys": eval_keys,
+            "embed": embedded,
+            "queue": queue.keys,
+            "pointer": queue.pointer,
+        },
+        f"{out_dir}/rank{rank}.pt",
+    )
     torch.distributed.destroy_process_group()
 
 

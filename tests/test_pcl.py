@@ -1,11 +1,12 @@
 """PCL (methods/pcl): warm-up, E-step, ProtoNCE through the method, training, on tiny inputs."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import METHODS_DIR
+
 from sslbench.engine import Trainer, build_method, load_data
 from sslbench.losses import info_nce, proto_nce
 
@@ -59,11 +60,15 @@ def test_warm_up_loss_is_infonce_alone_and_then_adds_the_mean_protonce(tmp_path,
     t.state.epoch = 1  # warm-up over: the next epoch starts with an E-step
     e_step(t)
     loss, infonce, q, indices = loss_and_parts(1)
-    protos = [proto_nce(q, method.prototype(m), method.assignments[m][indices], method.phi(m)) for m in range(3)]
+    protos = [
+        proto_nce(q, method.prototype(m), method.assignments[m][indices], method.phi(m)) for m in range(3)
+    ]
     torch.testing.assert_close(loss, infonce + sum(protos) / 3)
 
 
-def test_e_step_gives_unit_prototypes_concentrations_of_mean_t_and_assigns_every_image(tmp_path, method_config):
+def test_e_step_gives_unit_prototypes_concentrations_of_mean_t_and_assigns_every_image(
+    tmp_path, method_config
+):
     t = trainer(tmp_path, method_config, warmup_epochs=0, num_clusters=[10, 25])
     method = t.method
     log = e_step(t)

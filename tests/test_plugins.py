@@ -1,8 +1,8 @@
 import pytest
+from conftest import METHODS_DIR
 
 from sslbench.method import Method
 from sslbench.plugins import PluginError, load_method_class
-from conftest import METHODS_DIR
 
 
 def write_method(tmp_path, name, code):
@@ -48,7 +48,9 @@ def test_paper_yaml_with_missing_fields_is_named_before_training(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "method.py").write_text(
-        "from sslbench import Method\nclass M(Method):\n    def training_loss(self, v, l, i):\n        return 0\n")
+        "from sslbench import Method\nclass M(Method):\n    def training_loss(self, v, l, i):\n   "
+        "     return 0\n"
+    )
     (folder / "paper.yaml").write_text("results:\n  - {dataset: imagenet, backbone: resnet50, value: 0.6}\n")
     problems = method_problems(tmp_path)
     assert list(problems) == ["m"]

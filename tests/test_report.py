@@ -1,6 +1,7 @@
 """The report, built once from a synthetic results/ folder written here (real files, real faiss,
 real sklearn t-SNE), then read back: every table and figure is there, and every number it shows
 equals the CSV it came from."""
+
 import base64
 import io as bytes_io
 import json
@@ -17,13 +18,12 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from conftest import REPO
 from matplotlib import image as mpimg
 
 from sslbench.features import save_features
 from sslbench.report import ReportInputError, build_report, sorted_sizes
 from sslbench.stats import HEADLINE
-
-from conftest import REPO
 
 DATASET = "digits"
 CLASSES = 4
@@ -32,8 +32,11 @@ METHODS = {"alpha": ([0, 1, 2], 0.10), "beta": ([0, 1, 2], 0.0), "pcl": ([0], 0.
 PROTOCOL_METRICS = {
     "knn": ["top1_k200_t0.1", "top5_k200_t0.1", "top1_k20_t0.07", "top5_k20_t0.07"],
     "linear": ["top1", "top5"],
-    "lowshot_svm": [f"{s}_k{k}_{a}" for k in (1, 2, 4, 8) for s, a in
-                    [("map", "mean"), ("map", "std"), ("map", "min"), ("map", "max"), ("top1", "mean")]],
+    "lowshot_svm": [
+        f"{s}_k{k}_{a}"
+        for k in (1, 2, 4, 8)
+        for s, a in [("map", "mean"), ("map", "std"), ("map", "min"), ("map", "max"), ("top1", "mean")]
+    ],
     "clustering": ["ami", "nmi", "ari", "ami_k2x", "ami_k5x"],
     "semisup": ["top1_1pct", "top5_1pct", "top1_10pct", "top5_10pct"],
 }
@@ -64,28 +67,69 @@ def write_results(root: Path) -> Path:
                 if protocol == "semisup" and method == "pcl":
                     continue
                 for metric in metrics:
-                    rows.append({"dataset": DATASET, "method": method, "seed": seed, "protocol": protocol,
-                                 "metric": metric, "value": metric_value(rng, offset, protocol, metric, k_shift),
-                                 "augment": "{}", "backbone": "test_resnet", "batch_size": 64, "device": "cpu (x86_64)",
-                                 "epochs": EPOCHS, "epochs_trained": EPOCHS, "eval_wall_time_s": 1.5 + seed,
-                                 "git_commit": "abc123", "git_dirty": False, "image_size": 8,
-                                 "images_per_s": 100.0, "lr": 0.06, "method_params": "{}",
-                                 "protocol_settings": "{}", "small_stem": False, "train_wall_time_s": 10.0,
-                                 "version_torch": "2.0"})
+                    rows.append(
+                        {
+                            "dataset": DATASET,
+                            "method": method,
+                            "seed": seed,
+                            "protocol": protocol,
+                            "metric": metric,
+                            "value": metric_value(rng, offset, protocol, metric, k_shift),
+                            "augment": "{}",
+                            "backbone": "test_resnet",
+                            "batch_size": 64,
+                            "device": "cpu (x86_64)",
+                            "epochs": EPOCHS,
+                            "epochs_trained": EPOCHS,
+                            "eval_wall_time_s": 1.5 + seed,
+                            "git_commit": "abc123",
+                            "git_dirty": False,
+                            "image_size": 8,
+                            "images_per_s": 100.0,
+                            "lr": 0.06,
+                            "method_params": "{}",
+                            "protocol_settings": "{}",
+                            "small_stem": False,
+                            "train_wall_time_s": 10.0,
+                            "version_torch": "2.0",
+                        }
+                    )
     pd.DataFrame(rows).to_csv(results / "table.csv", index=False)
     return results
 
 
 def write_run(folder: Path, method: str, seed: int, offset: float, rng) -> None:
     epochs = np.arange(1, EPOCHS + 1)
-    pd.DataFrame({"epoch": epochs, "loss": 5.0 - epochs - offset, "lr": 0.06, "images_per_s": 100.0 + seed,
-                  "seconds": 3.0 + seed, "hook_seconds": 0.1}).to_csv(folder / "train_log.csv", index=False)
-    cfg = {"method": method, "dataset": {"name": DATASET, "image_size": 8}, "backbone": {"name": "test_resnet"},
-           "train": {"epochs": EPOCHS, "batch_size": 64, "lr": 0.06}, "augment": {}, "params": {}}
-    meta = {"method": method, "dataset": DATASET, "seed": seed, "train_wall_time_s": 9.0 + seed,
-            "images_per_s": 100.0 + seed, "peak_gpu_memory_bytes": (3 + seed) * 2**20 if method == "beta" else None,
-            "device": "NVIDIA H200" if method == "beta" else "cpu (x86_64)", "git_commit": "abc123",
-            "git_dirty": seed == 1, "versions": {"torch": "2.0", "numpy": "2.4"}}
+    pd.DataFrame(
+        {
+            "epoch": epochs,
+            "loss": 5.0 - epochs - offset,
+            "lr": 0.06,
+            "images_per_s": 100.0 + seed,
+            "seconds": 3.0 + seed,
+            "hook_seconds": 0.1,
+        }
+    ).to_csv(folder / "train_log.csv", index=False)
+    cfg = {
+        "method": method,
+        "dataset": {"name": DATASET, "image_size": 8},
+        "backbone": {"name": "test_resnet"},
+        "train": {"epochs": EPOCHS, "batch_size": 64, "lr": 0.06},
+        "augment": {},
+        "params": {},
+    }
+    meta = {
+        "method": method,
+        "dataset": DATASET,
+        "seed": seed,
+        "train_wall_time_s": 9.0 + seed,
+        "images_per_s": 100.0 + seed,
+        "peak_gpu_memory_bytes": (3 + seed) * 2**20 if method == "beta" else None,
+        "device": "NVIDIA H200" if method == "beta" else "cpu (x86_64)",
+        "git_commit": "abc123",
+        "git_dirty": seed == 1,
+        "versions": {"torch": "2.0", "numpy": "2.4"},
+    }
     (folder / "run.json").write_text(json.dumps({"cfg": cfg, "meta": meta}))
     centres = rng.normal(0, 1, (CLASSES, 16))
     features = {}
@@ -96,27 +140,58 @@ def write_run(folder: Path, method: str, seed: int, offset: float, rng) -> None:
     save_features(folder / "features.npz", {**features, "num_classes": CLASSES, "meta": {"seed": seed}})
     if method == "pcl":  # E-step assignments of two clusterings, as PCL keeps them in its method state
         assign = torch.stack([torch.arange(80) % 4, torch.arange(80) % 8])
-        torch.save({"method_state": {"encoder_q.weight": torch.zeros(2), "cluster_assign": assign}},
-                   folder / "checkpoint.pt")
+        torch.save(
+            {"method_state": {"encoder_q.weight": torch.zeros(2), "cluster_assign": assign}},
+            folder / "checkpoint.pt",
+        )
 
 
 def write_methods_and_presets(root: Path) -> tuple[Path, Path]:
     methods, config = root / "methods", root / "config"
     (methods / "alpha").mkdir(parents=True)
     (methods / "_template").mkdir()
-    paper = {"results": [
-        {"dataset": DATASET, "backbone": "test_resnet", "epochs": EPOCHS, "protocol": "knn",
-         "metric": "top1_k200_t0.1", "value": 0.55, "source": "Table 1"},
-        {"dataset": "cifar10", "backbone": "resnet18", "epochs": 800, "protocol": "linear", "metric": "top1",
-         "value": 0.9, "source": "Table 2"},
-        {"dataset": "imagenet", "backbone": "resnet50", "epochs": 200, "protocol": "linear", "metric": "top1",
-         "value": 0.7, "source": "Table 3"}]}
+    paper = {
+        "results": [
+            {
+                "dataset": DATASET,
+                "backbone": "test_resnet",
+                "epochs": EPOCHS,
+                "protocol": "knn",
+                "metric": "top1_k200_t0.1",
+                "value": 0.55,
+                "source": "Table 1",
+            },
+            {
+                "dataset": "cifar10",
+                "backbone": "resnet18",
+                "epochs": 800,
+                "protocol": "linear",
+                "metric": "top1",
+                "value": 0.9,
+                "source": "Table 2",
+            },
+            {
+                "dataset": "imagenet",
+                "backbone": "resnet50",
+                "epochs": 200,
+                "protocol": "linear",
+                "metric": "top1",
+                "value": 0.7,
+                "source": "Table 3",
+            },
+        ]
+    }
     (methods / "alpha" / "paper.yaml").write_text(yaml.safe_dump(paper))
-    (methods / "_template" / "paper.yaml").write_text(yaml.safe_dump({"results": [dict(paper["results"][0])]}))
+    (methods / "_template" / "paper.yaml").write_text(
+        yaml.safe_dump({"results": [dict(paper["results"][0])]})
+    )
     config.mkdir()
     shutil.copy(REPO / "config" / "default.yaml", config / "default.yaml")
-    (config / "cifar10.yaml").write_text(yaml.safe_dump(
-        {"dataset": {"name": "cifar10"}, "backbone": {"name": "resnet18"}, "train": {"epochs": 800}}))
+    (config / "cifar10.yaml").write_text(
+        yaml.safe_dump(
+            {"dataset": {"name": "cifar10"}, "backbone": {"name": "resnet18"}, "train": {"epochs": 800}}
+        )
+    )
     return methods, config
 
 
@@ -188,7 +263,7 @@ def records(page, table_id):
 
 def close(shown: str, value: float, scale: float, decimals: int) -> bool:
     """A displayed number equals the CSV's value to the precision shown."""
-    return abs(float(shown.replace("−", "-")) - scale * value) <= 0.5 * 10 ** -decimals + 1e-9
+    return abs(float(shown.replace("−", "-")) - scale * value) <= 0.5 * 10**-decimals + 1e-9
 
 
 def csv(report, name):
@@ -197,8 +272,15 @@ def csv(report, name):
 
 # --------------------------------------------------------------------------- tests
 FIGURES = ["bars", "lowshot", "training", "tsne", "kmeans", "estep"]
-TABLES = [f"table-headline-{DATASET}", "table-reproduced", "table-comparisons", "table-cost", "table-versions",
-          "table-runs", "table-summary"]
+TABLES = [
+    f"table-headline-{DATASET}",
+    "table-reproduced",
+    "table-comparisons",
+    "table-cost",
+    "table-versions",
+    "table-runs",
+    "table-summary",
+]
 
 
 def test_every_table_and_figure_is_on_the_page_and_in_figures(report, page):
@@ -252,14 +334,18 @@ def test_table_md_bolds_the_best_and_states_the_settings(report):
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["method"] + [label for label, _, _ in HEADLINE]
-    cells = {row[0]: dict(zip(header[1:], row[1:]))
-             for row in ([c.strip() for c in line.strip("|").split("|")] for line in lines[1:])}
+    cells = {
+        row[0]: dict(zip(header[1:], row[1:]))
+        for row in ([c.strip() for c in line.strip("|").split("|")] for line in lines[1:])
+    }
     # alpha has the largest offset: it is best (bold) wherever it is evaluated; semisup lacks pcl
     assert cells["alpha"]["kNN top-1 (k200_t0.1)"].startswith("**")
     assert not cells["beta"]["kNN top-1 (k200_t0.1)"].startswith("**")
     assert cells["pcl"]["semi-sup 1% top-1"] == "—" and cells["pcl"]["linear top-1"].endswith("(n=1)")
     footnote = [line for line in text.splitlines() if line.startswith("Settings:")]
-    assert footnote and all(s in footnote[0] for s in (DATASET, "test_resnet", f"epochs {EPOCHS}", "seeds 0, 1, 2"))
+    assert footnote and all(
+        s in footnote[0] for s in (DATASET, "test_resnet", f"epochs {EPOCHS}", "seeds 0, 1, 2")
+    )
 
 
 def test_summary_table_equals_summary_csv_and_table_csv(report, page):
@@ -268,8 +354,11 @@ def test_summary_table_equals_summary_csv_and_table_csv(report, page):
     rows = records(page, "table-summary")
     assert len(rows) == len(summary) == len(table.groupby(["method", "protocol", "metric"]))
     for row, (_, expected) in zip(rows, summary.iterrows()):
-        values = table[(table["method"] == expected["method"]) & (table["metric"] == expected["metric"])
-                       & (table["protocol"] == expected["protocol"])]["value"]
+        values = table[
+            (table["method"] == expected["method"])
+            & (table["metric"] == expected["metric"])
+            & (table["protocol"] == expected["protocol"])
+        ]["value"]
         assert row["method"][0] == expected["method"] and row["metric"][0] == expected["metric"]
         assert close(row["mean (%)"][0], values.mean(), 100, 2) and int(row["n"][0]) == len(values)
         if len(values) > 1:
@@ -281,7 +370,9 @@ def test_summary_table_equals_summary_csv_and_table_csv(report, page):
 def test_comparisons_cover_headline_metrics_and_equal_their_csv(report, page):
     comparisons = csv(report, "comparisons")
     # every protocol is in the synthetic table: every headline metric is compared
-    assert {(p, m) for p, m in zip(comparisons["protocol"], comparisons["metric"])} == {(p, m) for _, p, m in HEADLINE}
+    assert {(p, m) for p, m in zip(comparisons["protocol"], comparisons["metric"])} == {
+        (p, m) for _, p, m in HEADLINE
+    }
     rows = records(page, "table-comparisons")
     assert len(rows) == len(comparisons)
     for row, (_, expected) in zip(rows, comparisons.iterrows()):
@@ -289,11 +380,16 @@ def test_comparisons_cover_headline_metrics_and_equal_their_csv(report, page):
         assert close(row["mean A − B (% points)"][0], expected["mean_diff"], 100, 2)
         assert int(row["n"][0]) == expected["n"] and row["verdict"][0] == expected["verdict"]
         if expected["n"] > 1:
-            assert math.isclose(float(row["p (paired t)"][0]), expected["p_value"], rel_tol=5e-3, abs_tol=1e-300)
+            assert math.isclose(
+                float(row["p (paired t)"][0]), expected["p_value"], rel_tol=5e-3, abs_tol=1e-300
+            )
         else:
             assert row["p (paired t)"][0] == "—" and expected["verdict"] == "untested (n < 2)"
-    knn = comparisons[(comparisons["metric"] == "top1_k200_t0.1") & (comparisons["method_a"] == "alpha")
-                      & (comparisons["method_b"] == "beta")].iloc[0]
+    knn = comparisons[
+        (comparisons["metric"] == "top1_k200_t0.1")
+        & (comparisons["method_a"] == "alpha")
+        & (comparisons["method_b"] == "beta")
+    ].iloc[0]
     assert knn["verdict"] == "alpha > beta"  # 0.10 apart, seed noise 0.01
 
 
@@ -321,7 +417,9 @@ def test_cost_table_equals_cost_csv_and_run_json(report, page):
     cost = csv(report, "cost").set_index("method")
     # run.json: wall time 9 + seed, images/s 100 + seed, beta's peak (3 + seed) MiB on the GPU
     assert math.isclose(cost.loc["alpha", "train_wall_time_s"], 10.0)
-    assert math.isclose(cost.loc["beta", "peak_gpu_memory_mib"], 5.0) and pd.isna(cost.loc["alpha", "peak_gpu_memory_mib"])
+    assert math.isclose(cost.loc["beta", "peak_gpu_memory_mib"], 5.0) and pd.isna(
+        cost.loc["alpha", "peak_gpu_memory_mib"]
+    )
     assert math.isclose(cost.loc["alpha", "eval_wall_time_s"], 5 * 2.5)  # five protocols, 1.5 + seed each
     for row in records(page, "table-cost"):
         expected = cost.loc[row["method"][0]]
@@ -339,7 +437,7 @@ def test_environment_shows_versions_commit_dirty_flag_and_config(report, page):
     assert versions["torch"] == "2.0" and versions["git_commit"] == "abc123"
     assert versions["git_dirty"] == "False, True" and "NVIDIA H200" in versions["device"]
     assert len(records(page, "table-runs")) == 7
-    assert '&quot;epochs&quot;: 3' in report["html"]  # the resolved config, folded in <details>
+    assert "&quot;epochs&quot;: 3" in report["html"]  # the resolved config, folded in <details>
 
 
 def test_cluster_sizes_sorted_and_complete():
@@ -363,20 +461,41 @@ def test_missing_inputs_name_the_file(tmp_path, report):
 CHROMIUM = "/usr/bin/chromium"
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium at /usr/bin/chromium "
-                    "(apt-get install chromium); CI installs it")
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium); CI installs it",
+)
 def test_report_renders_in_headless_chromium(report, tmp_path):
     """A screenshot with content and no console error. The page has no script, so the console can only
     report resources that failed; Chromium logs console messages to stderr with --enable-logging."""
     shot = tmp_path / "report.png"
     run = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0", "--hide-scrollbars",
-         "--window-size=1400,2200", f"--screenshot={shot}", report["path"].as_uri()],
-        capture_output=True, text=True, timeout=60)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--hide-scrollbars",
+            "--window-size=1400,2200",
+            f"--screenshot={shot}",
+            report["path"].as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert not re.search(r"Uncaught|ERROR:CONSOLE|Failed to load resource|net::ERR_", run.stderr), run.stderr[-3000:]
+    assert not re.search(r"Uncaught|ERROR:CONSOLE|Failed to load resource|net::ERR_", run.stderr), run.stderr[
+        -3000:
+    ]
     pixels = mpimg.imread(shot)
     assert pixels.shape[:2] == (2200, 1400)
     assert shot.stat().st_size > 50_000 and pixels[..., :3].std() > 0.1

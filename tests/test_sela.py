@@ -1,14 +1,15 @@
 """SeLa: the relabelling schedule, the labels (initial, re-optimised, resumed) and the loss."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
 
 from sslbench.clustering import sinkhorn, sinkhorn_labels
 from sslbench.engine import Trainer, build_method, load_data, pretrain
 from sslbench.plugins import load_method_class
-from conftest import fixed_batch_losses, METHODS_DIR, tiny_suite_config
 
 SeLa = load_method_class(METHODS_DIR / "sela")
 
@@ -24,8 +25,20 @@ def gaps(schedule):
 
 # --- the relabelling schedule -------------------------------------------------------------
 
-@pytest.mark.parametrize("epochs,count,power", [(30, 15, 2), (400, 100, 2), (200, 30, 2), (1000, 100, 2),
-                                                (50, 7, 3), (13, 13, 2), (400, 400, 1), (60, 9, 1.5)])
+
+@pytest.mark.parametrize(
+    "epochs,count,power",
+    [
+        (30, 15, 2),
+        (400, 100, 2),
+        (200, 30, 2),
+        (1000, 100, 2),
+        (50, 7, 3),
+        (13, 13, 2),
+        (400, 400, 1),
+        (60, 9, 1.5),
+    ],
+)
 def test_schedule_has_the_count_lies_within_training_and_is_denser_early(epochs, count, power):
     schedule = SeLa.relabel_schedule(epochs, count, power)
     assert len(schedule) == count
@@ -53,6 +66,7 @@ def test_schedule_caps_the_count_at_one_per_epoch_and_rejects_bad_settings():
 
 # --- labels -------------------------------------------------------------------------------
 
+
 def test_initial_labels_are_a_seeded_exact_equipartition_per_head(method_config, digits):
     cfg = method_config("sela")
     method = build_method(METHODS_DIR / "sela", cfg, digits, seed=0)
@@ -70,7 +84,9 @@ def test_initial_labels_are_a_seeded_exact_equipartition_per_head(method_config,
 def head_logits(method, h, features):
     """Head h alone: rows h*K .. (h+1)*K of the stacked layer."""
     k = method.num_clusters
-    return F.linear(features, method.heads.weight[h * k:(h + 1) * k], method.heads.bias[h * k:(h + 1) * k])
+    return F.linear(
+        features, method.heads.weight[h * k : (h + 1) * k], method.heads.bias[h * k : (h + 1) * k]
+    )
 
 
 def test_relabel_is_the_sinkhorn_argmax_of_each_head_on_the_train_set(tmp_path, method_config):
@@ -102,7 +118,9 @@ def test_relabelled_counts_are_balanced(tmp_path, method_config):
     """The plan's columns hold exactly N/K each; the argmax labels follow them up to the mass of the plan
     that is off each row's maximum:  |count_k - N/K| <= sum_i (1 - N max_k Q_ik) + N * tol (the row error).
     With confident heads (standardised features, scaled) that mass is small and the counts are balanced."""
-    cfg = method_config("sela", num_clusters=8, num_heads=2, lam=25, sinkhorn_tol=1e-6, sinkhorn_max_iters=5000)
+    cfg = method_config(
+        "sela", num_clusters=8, num_heads=2, lam=25, sinkhorn_tol=1e-6, sinkhorn_max_iters=5000
+    )
     trainer = Trainer(METHODS_DIR / "sela", cfg, 0, tmp_path, progress=False)
     method = trainer.method
     features = trainer.forward_train_set(method.backbone)
@@ -111,13 +129,15 @@ def test_relabelled_counts_are_balanced(tmp_path, method_config):
     with torch.no_grad():
         for h in range(2):  # logits = 10 * random projection of the standardised features
             weight = 10 * torch.randn(8, method.feature_dim, generator=g) / method.feature_dim**0.5 / std
-            method.heads.weight[h * 8:(h + 1) * 8].copy_(weight)
-            method.heads.bias[h * 8:(h + 1) * 8].copy_(-weight @ mean)
+            method.heads.weight[h * 8 : (h + 1) * 8].copy_(weight)
+            method.heads.bias[h * 8 : (h + 1) * 8].copy_(-weight @ mean)
     method.on_epoch_start(trainer.epoch_context())
 
     num_train = features.shape[0]
     for h, labels in enumerate(method.labels):
-        plan = sinkhorn(F.softmax(head_logits(method, h, features).double(), dim=1), 25.0, tol=1e-6, max_iters=5000)
+        plan = sinkhorn(
+            F.softmax(head_logits(method, h, features).double(), dim=1), 25.0, tol=1e-6, max_iters=5000
+        )
         off_max_mass = float((1 - num_train * plan.max(dim=1).values).clamp_min(0).sum())
         counts = torch.bincount(labels, minlength=8)
         assert (counts - num_train / 8).abs().max() <= off_max_mass + 1
@@ -126,7 +146,9 @@ def test_relabelled_counts_are_balanced(tmp_path, method_config):
 
 def test_labels_are_restored_exactly_on_resume(tmp_path, method_config):
     cfg = method_config("sela")  # 2 epochs: relabelled at the start of both
-    full = torch.load(pretrain(METHODS_DIR / "sela", cfg, 0, tmp_path / "full", progress=False), weights_only=False)
+    full = torch.load(
+        pretrain(METHODS_DIR / "sela", cfg, 0, tmp_path / "full", progress=False), weights_only=False
+    )
 
     first = Trainer(METHODS_DIR / "sela", cfg, 0, tmp_path / "resumed", progress=False)
     first.train_epoch()
@@ -145,6 +167,7 @@ def test_labels_are_restored_exactly_on_resume(tmp_path, method_config):
 
 # --- the loss -----------------------------------------------------------------------------
 
+
 def test_loss_is_the_mean_over_heads_of_cross_entropy(method_config, digits):
     method = build_method(METHODS_DIR / "sela", method_config("sela"), digits, seed=0)
     g = torch.Generator().manual_seed(0)
@@ -152,8 +175,13 @@ def test_loss_is_the_mean_over_heads_of_cross_entropy(method_config, digits):
     views = [torch.randn(16, 1, 8, 8, generator=g)]
     loss = method.training_loss(views, None, indices)
     features = method.backbone(views[0])
-    expected = sum(F.cross_entropy(head_logits(method, h, features), method.labels[h, indices])
-                   for h in range(method.num_heads)) / method.num_heads
+    expected = (
+        sum(
+            F.cross_entropy(head_logits(method, h, features), method.labels[h, indices])
+            for h in range(method.num_heads)
+        )
+        / method.num_heads
+    )
     torch.testing.assert_close(loss, expected)
     # The per-image labels are the targets: other labels, another loss.
     method.labels[:, indices] = (method.labels[:, indices] + 1) % 128

@@ -3,6 +3,7 @@
 The real run needs Debian's slurmctld/slurmd/munge (.ci/install-slurm.sh) and root; without them it skips
 with the reason. The dry runs need only snakemake and snakemake-executor-plugin-slurm.
 """
+
 import os
 import re
 import shutil
@@ -14,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import REPO, tiny_suite_config
 from slurm_cluster import PARTITION, LocalSlurm, SlurmBusy, why_unavailable
 
@@ -51,8 +51,9 @@ def snakemake_command(root: Path, *args: str, path: str | None = None, env: dict
 
 
 def snakemake(root: Path, *args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    out = subprocess.run(**snakemake_command(root, *args, **kwargs), capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run(
+        **snakemake_command(root, *args, **kwargs), capture_output=True, text=True, timeout=timeout
+    )
     out.text = out.stdout + out.stderr
     return out
 
@@ -63,9 +64,13 @@ def planned_jobs(text: str) -> list[dict]:
     for block in re.split(r"^(?:local)?rule ", text, flags=re.M)[1:]:
         resources = re.search(r"^\s+resources: (.*)$", block, re.M)
         command = re.search(r"^Shell command: (.*)$", block, re.M)
-        jobs.append({"rule": block.split(":", 1)[0],
-                     "resources": dict(kv.split("=", 1) for kv in resources.group(1).split(", ")),
-                     "command": command.group(1) if command else ""})
+        jobs.append(
+            {
+                "rule": block.split(":", 1)[0],
+                "resources": dict(kv.split("=", 1) for kv in resources.group(1).split(", ")),
+                "command": command.group(1) if command else "",
+            }
+        )
     return jobs
 
 
@@ -79,16 +84,30 @@ def path_without_slurm(tmp_path: Path) -> str:
 
 # -- dry runs: no cluster needed --------------------------------------------------------------------------
 
+
 def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
     resources = {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "gpus": 4}}
     root = workflow_copy(tmp_path / "wf", resources)
-    out = snakemake(root, "-n", "results/table.csv", "--workflow-profile", "profiles/slurm",
-                    path=path_without_slurm(tmp_path))
+    out = snakemake(
+        root,
+        "-n",
+        "results/table.csv",
+        "--workflow-profile",
+        "profiles/slurm",
+        path=path_without_slurm(tmp_path),
+    )
     assert out.returncode == 0, out.text
     assert "Using workflow specific profile profiles/slurm" in out.text
     jobs = planned_jobs(out.text)
-    assert sorted(j["rule"] for j in jobs) == ["collect", "evaluate", "evaluate", "extract", "extract",
-                                               "pretrain", "pretrain"]
+    assert sorted(j["rule"] for j in jobs) == [
+        "collect",
+        "evaluate",
+        "evaluate",
+        "extract",
+        "extract",
+        "pretrain",
+        "pretrain",
+    ]
     defaults, per_rule = SLURM_PROFILE["default-resources"], SLURM_PROFILE["set-resources"]
     for job in jobs:
         res, rule = job["resources"], job["rule"]
@@ -97,7 +116,10 @@ def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
         assert res["slurm_account"] == defaults["slurm_account"], job
         if rule in resources:  # the workflow's own request wins over the profile's defaults
             assert (int(res["mem_mb"]), int(res["runtime"]), int(res["gpu"])) == (
-                resources[rule]["mem_mb"], resources[rule]["runtime"], resources[rule]["gpus"]), job
+                resources[rule]["mem_mb"],
+                resources[rule]["runtime"],
+                resources[rule]["gpus"],
+            ), job
         else:
             assert int(res["runtime"]) == defaults["runtime"], job
     # no cap on a cluster: a 4-GPU pretrain job is one torchrun over 4 processes
@@ -107,7 +129,9 @@ def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
 
 def test_default_profile_is_picked_up_and_caps_gpus(tmp_path):
     cap = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())["resources"]["gpu"]
-    root = workflow_copy(tmp_path / "wf", {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "gpus": cap + 3}})
+    root = workflow_copy(
+        tmp_path / "wf", {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "gpus": cap + 3}}
+    )
 
     out = snakemake(root, "-n", "results/table.csv")  # no --workflow-profile: profiles/default applies
     assert out.returncode == 0, out.text
@@ -121,11 +145,14 @@ def test_default_profile_is_picked_up_and_caps_gpus(tmp_path):
     out = snakemake(root, "-n", "results/table.csv", "--resources", "gpu=2")
     assert out.returncode == 0, out.text
     pretrain = [j for j in planned_jobs(out.text) if j["rule"] == "pretrain"]
-    assert len(pretrain) == 2 and all(j["command"].startswith("torchrun --standalone --nproc-per-node 2 -m sslbench.cli pretrain")
-               for j in pretrain), pretrain
+    assert len(pretrain) == 2 and all(
+        j["command"].startswith("torchrun --standalone --nproc-per-node 2 -m sslbench.cli pretrain")
+        for j in pretrain
+    ), pretrain
 
 
 # -- a real run through a local SLURM ---------------------------------------------------------------------
+
 
 def local_test_profile(root: Path) -> Path:
     """profiles/slurm adjusted to the local cluster: its partition, no account, squeue for job states."""
@@ -135,14 +162,16 @@ def local_test_profile(root: Path) -> Path:
     for settings in profile.get("set-resources", {}).values():
         if "slurm_partition" in settings:
             settings["slurm_partition"] = PARTITION
-    profile.update({
-        "slurm-status-command": "squeue",               # no accounting database: sacct knows no job
-        "slurm-init-seconds-before-status-checks": 6,   # first poll (default 40 s); +10 s per empty poll
-        "latency-wait": 5,
-        "retries": 0,
-        "keep-going": False,
-        "slurm-keep-successful-logs": True,
-    })
+    profile.update(
+        {
+            "slurm-status-command": "squeue",  # no accounting database: sacct knows no job
+            "slurm-init-seconds-before-status-checks": 6,  # first poll (default 40 s); +10 s per empty poll
+            "latency-wait": 5,
+            "retries": 0,
+            "keep-going": False,
+            "slurm-keep-successful-logs": True,
+        }
+    )
     folder = root / "profiles" / "slurm_local"
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump(profile))
@@ -169,11 +198,21 @@ def slurm_and_local_runs(tmp_path_factory):
         # The local run (profiles/default) goes alongside, niced: it uses the CPU the SLURM run leaves
         # idle while the executor plugin waits between its status polls.
         with open(base / "local.log", "w") as log:
-            local_run = subprocess.Popen(**snakemake_command(local, "results/table.csv"), stdout=log,
-                                         stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
+            local_run = subprocess.Popen(
+                **snakemake_command(local, "results/table.csv"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=lambda: os.nice(19),
+            )
             try:
-                run = snakemake(on_slurm, "results/table.csv", "--workflow-profile", "profiles/slurm_local",
-                                env=cluster.env, timeout=240)
+                run = snakemake(
+                    on_slurm,
+                    "results/table.csv",
+                    "--workflow-profile",
+                    "profiles/slurm_local",
+                    env=cluster.env,
+                    timeout=240,
+                )
                 timings = {"slurm": time.monotonic() - start}
                 local_run.wait(timeout=240)
                 timings["local"] = (base / "local.log").stat().st_mtime - started  # its last line

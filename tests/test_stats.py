@@ -1,5 +1,6 @@
 """Statistics over seeds: hand-computed summaries, the paired test's verdicts, the headline table,
 and our numbers beside the papers'."""
+
 import math
 import shutil
 
@@ -7,20 +8,32 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import REPO
 
 from sslbench.config import ConfigError
-from sslbench.stats import (HEADLINE, TableError, best_methods, headline_stats, headline_table, paired_comparison,
-                            reproduced_vs_reported, summarise)
-
-from conftest import REPO
+from sslbench.stats import (
+    HEADLINE,
+    TableError,
+    best_methods,
+    headline_stats,
+    headline_table,
+    paired_comparison,
+    reproduced_vs_reported,
+    summarise,
+)
 
 T975 = {2: 4.302652729911275, 4: 2.7764451051977987}  # Student t 0.975 quantiles (tables)
 
 
 def long_table(values: dict, dataset="digits", protocol="knn", metric="top1_k200_t0.1") -> pd.DataFrame:
     """{method: [value per seed]} as table.csv rows."""
-    return pd.DataFrame([{"dataset": dataset, "method": m, "seed": s, "protocol": protocol, "metric": metric,
-                          "value": v} for m, vs in values.items() for s, v in enumerate(vs)])
+    return pd.DataFrame(
+        [
+            {"dataset": dataset, "method": m, "seed": s, "protocol": protocol, "metric": metric, "value": v}
+            for m, vs in values.items()
+            for s, v in enumerate(vs)
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- summarise
@@ -39,13 +52,20 @@ def test_summary_by_hand():
 
 def test_summary_groups_on_random_tables():
     rng = np.random.default_rng(0)
-    table = pd.concat([long_table({m: rng.random(rng.integers(1, 6)) for m in "abc"}, protocol=p, metric=k)
-                       for p, k in [("knn", "top1_k200_t0.1"), ("linear", "top1"), ("linear", "top5")]])
+    table = pd.concat(
+        [
+            long_table({m: rng.random(rng.integers(1, 6)) for m in "abc"}, protocol=p, metric=k)
+            for p, k in [("knn", "top1_k200_t0.1"), ("linear", "top1"), ("linear", "top5")]
+        ]
+    )
     summary = summarise(table)
     assert len(summary) == 9
     for _, row in summary.iterrows():
-        values = table[(table["method"] == row["method"]) & (table["metric"] == row["metric"])
-                       & (table["protocol"] == row["protocol"])]["value"].to_numpy()
+        values = table[
+            (table["method"] == row["method"])
+            & (table["metric"] == row["metric"])
+            & (table["protocol"] == row["protocol"])
+        ]["value"].to_numpy()
         assert row["n"] == len(values) and math.isclose(row["mean"], values.mean())
         if len(values) > 1:
             assert math.isclose(row["std"], values.std(ddof=1))
@@ -55,21 +75,31 @@ def test_ci95_covers_the_true_mean_95_percent_of_the_time():
     rng = np.random.default_rng(1)
     groups, seeds = 2000, 5
     values = rng.normal(0.7, 0.05, size=(groups, seeds))
-    table = pd.DataFrame({"dataset": "d", "method": np.repeat([f"m{i}" for i in range(groups)], seeds),
-                          "seed": np.tile(np.arange(seeds), groups), "protocol": "knn", "metric": "top1",
-                          "value": values.ravel()})
+    table = pd.DataFrame(
+        {
+            "dataset": "d",
+            "method": np.repeat([f"m{i}" for i in range(groups)], seeds),
+            "seed": np.tile(np.arange(seeds), groups),
+            "protocol": "knn",
+            "metric": "top1",
+            "value": values.ravel(),
+        }
+    )
     summary = summarise(table)
     assert np.allclose(summary["ci95"], T975[4] * summary["std"] / math.sqrt(seeds))
     covered = (summary["mean"] - 0.7).abs() <= summary["ci95"]
     assert 0.93 <= covered.mean() <= 0.97
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda t: t.drop(columns="seed"), "missing column"),
-    (lambda t: t.assign(value=[0.1, float("nan"), 0.2]), "non-finite"),
-    (lambda t: t.assign(value=["0.1", "x", "0.2"]), "non-numeric"),
-    (lambda t: t.assign(seed=[0, 0, 1]), "two rows"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t.drop(columns="seed"), "missing column"),
+        (lambda t: t.assign(value=[0.1, float("nan"), 0.2]), "non-finite"),
+        (lambda t: t.assign(value=["0.1", "x", "0.2"]), "non-numeric"),
+        (lambda t: t.assign(seed=[0, 0, 1]), "two rows"),
+    ],
+)
 def test_bad_tables_are_named(change, message):
     table = long_table({"a": [0.1, 0.3, 0.2]})
     with pytest.raises(TableError, match=message):
@@ -85,8 +115,9 @@ def test_consistent_difference_is_detected_even_below_the_seed_spread():
     row = paired_comparison(table, "knn", "top1_k200_t0.1").iloc[0]
     assert (row["method_a"], row["method_b"], row["n"]) == ("a", "b", 5)
     assert math.isclose(row["mean_diff"], 0.01) and row["p_value"] < 1e-4 and row["verdict"] == "a > b"
-    flipped = paired_comparison(long_table({"a": 0.6 + seed_effect, "b": 0.61 + seed_effect + jitter}),
-                                "knn", "top1_k200_t0.1").iloc[0]
+    flipped = paired_comparison(
+        long_table({"a": 0.6 + seed_effect, "b": 0.61 + seed_effect + jitter}), "knn", "top1_k200_t0.1"
+    ).iloc[0]
     assert flipped["verdict"] == "b > a"
 
 
@@ -107,7 +138,11 @@ def test_every_pair_once_on_shared_seeds_only():
     out = paired_comparison(table, "knn", "top1_k200_t0.1")
     assert list(zip(out["method_a"], out["method_b"])) == [("a", "b"), ("a", "c"), ("b", "c")]
     assert list(out["n"]) == [1, 3, 1]
-    assert list(out["verdict"]) == ["untested (n < 2)", "a > c", "untested (n < 2)"]  # a - c = 0.1 on every seed
+    assert list(out["verdict"]) == [
+        "untested (n < 2)",
+        "a > c",
+        "untested (n < 2)",
+    ]  # a - c = 0.1 on every seed
     assert out.loc[1, "p_value"] == 0.0 and math.isnan(out.loc[0, "p_value"])
     same = paired_comparison(long_table({"a": [0.2, 0.3], "b": [0.2, 0.3]}), "knn", "top1_k200_t0.1")
     assert same.loc[0, "p_value"] == 1.0 and same.loc[0, "verdict"] == "within noise"
@@ -117,12 +152,21 @@ def test_every_pair_once_on_shared_seeds_only():
 def headline_summary():
     rows = []
     for method, offset in (("moco", 0.0), ("pcl", 0.02)):
-        for label, protocol, metric in HEADLINE:
+        for _label, protocol, metric in HEADLINE:
             if method == "moco" and protocol == "semisup":
                 continue  # moco lacks semisup: "—"
             seeds = [0] if protocol == "clustering" else [0, 1]
-            rows += [{"dataset": "digits", "method": method, "seed": s, "protocol": protocol, "metric": metric,
-                      "value": 0.5 + offset + 0.01 * s} for s in seeds]
+            rows += [
+                {
+                    "dataset": "digits",
+                    "method": method,
+                    "seed": s,
+                    "protocol": protocol,
+                    "metric": metric,
+                    "value": 0.5 + offset + 0.01 * s,
+                }
+                for s in seeds
+            ]
     return summarise(pd.DataFrame(rows))
 
 
@@ -131,13 +175,16 @@ def test_headline_table_strings_and_missing_columns():
     assert list(out.columns) == [label for label, _, _ in HEADLINE] and list(out.index) == ["moco", "pcl"]
     std = 100 * np.std([0.52, 0.53], ddof=1)
     assert out.loc["pcl", "linear top-1"] == f"52.50 ± {std:.2f}" == "52.50 ± 0.71"
-    assert out.loc["moco", "semi-sup 1% top-1"] == "—" and out.loc["pcl", "semi-sup 1% top-1"] == "52.50 ± 0.71"
+    assert (
+        out.loc["moco", "semi-sup 1% top-1"] == "—" and out.loc["pcl", "semi-sup 1% top-1"] == "52.50 ± 0.71"
+    )
     assert out.loc["moco", "AMI"] == "50.00 (n=1)"
 
 
 def test_best_per_column_ties_at_display_precision():
-    means = pd.DataFrame({"x": [0.5, 0.6, 0.6000001], "y": [0.9, np.nan, 0.1], "z": [np.nan] * 3},
-                         index=["a", "b", "c"])
+    means = pd.DataFrame(
+        {"x": [0.5, 0.6, 0.6000001], "y": [0.9, np.nan, 0.1], "z": [np.nan] * 3}, index=["a", "b", "c"]
+    )
     assert best_methods(means) == {"x": {"b", "c"}, "y": {"a"}, "z": set()}
     assert best_methods(headline_stats(headline_summary())["mean"])["kNN top-1 (k200_t0.1)"] == {"pcl"}
 
@@ -155,25 +202,47 @@ def dirs(tmp_path):
     methods, config = tmp_path / "methods", tmp_path / "config"
     (methods / "moco").mkdir(parents=True)
     (methods / "moco" / "config.yaml").write_text(yaml.safe_dump({"train": {"epochs": 200}}))
-    entries = [("digits", "test_resnet", 200, 0.8), ("cifar10", "resnet18", 200, 0.9),
-               ("cifar10", "resnet18", 800, 0.92), ("stl10", "resnet50", 100, 0.7)]
-    (methods / "moco" / "paper.yaml").write_text(yaml.safe_dump({"results": [
-        {"dataset": d, "backbone": b, "epochs": e, "protocol": "linear", "metric": "top1", "value": v,
-         "source": f"Table {i}"} for i, (d, b, e, v) in enumerate(entries)]}))
+    entries = [
+        ("digits", "test_resnet", 200, 0.8),
+        ("cifar10", "resnet18", 200, 0.9),
+        ("cifar10", "resnet18", 800, 0.92),
+        ("stl10", "resnet50", 100, 0.7),
+    ]
+    (methods / "moco" / "paper.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "results": [
+                    {
+                        "dataset": d,
+                        "backbone": b,
+                        "epochs": e,
+                        "protocol": "linear",
+                        "metric": "top1",
+                        "value": v,
+                        "source": f"Table {i}",
+                    }
+                    for i, (d, b, e, v) in enumerate(entries)
+                ]
+            }
+        )
+    )
     config.mkdir()
     shutil.copy(REPO / "config" / "default.yaml", config / "default.yaml")
     shutil.copy(REPO / "config" / "schema.yaml", config / "schema.yaml")
-    (config / "cifar10.yaml").write_text(yaml.safe_dump({"dataset": {"name": "cifar10"},
-                                                         "backbone": {"name": "resnet18"}}))
+    (config / "cifar10.yaml").write_text(
+        yaml.safe_dump({"dataset": {"name": "cifar10"}, "backbone": {"name": "resnet18"}})
+    )
     return methods, config
 
 
 def test_reproduced_vs_reported(dirs):
     methods, config = dirs
     table = long_table({"moco": [0.7, 0.74]}, protocol="linear", metric="top1").assign(
-        backbone="test_resnet", epochs=200)
+        backbone="test_resnet", epochs=200
+    )
     other_epochs = long_table({"moco": [0.1]}, dataset="stl10", protocol="linear", metric="top1").assign(
-        backbone="resnet50", epochs=5)  # not the paper's 100 epochs: not comparable
+        backbone="resnet50", epochs=5
+    )  # not the paper's 100 epochs: not comparable
     out = reproduced_vs_reported(pd.concat([table, other_epochs]), methods, config)
     assert list(out["source"]) == ["Table 0", "Table 1", "Table 2", "Table 3"]
     digits = out.iloc[0]

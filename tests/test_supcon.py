@@ -1,15 +1,16 @@
 """SupCon: the loss is `supcon` on the projected views, reduces to SimCLR, and trains."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
 from torch import nn
 
 from sslbench.engine import Trainer, build_method, load_data
 from sslbench.losses import supcon
 from sslbench.method import embed_views
-from conftest import fixed_batch_losses, METHODS_DIR, tiny_suite_config
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,9 @@ def test_loss_is_supcon_on_projected_features(method_config, digits):
     method = build(method_config, digits)
     views, labels, idx = batch()
     loss = method.training_loss(views, labels, idx)
-    z = F.normalize(method.projector(method.backbone(torch.cat(views))), dim=1)  # SupContrast: cat, then forward
+    z = F.normalize(
+        method.projector(method.backbone(torch.cat(views))), dim=1
+    )  # SupContrast: cat, then forward
     expected = supcon(torch.stack(z.chunk(2), dim=1), labels, temperature=0.1, base_temperature=0.07)
     torch.testing.assert_close(loss, expected)
     # The labels matter: shuffled labels give another loss.

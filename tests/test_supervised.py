@@ -1,12 +1,13 @@
 """Supervised cross-entropy: the loss is CE of the linear classifier on the backbone, with the true labels."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
 
 from sslbench.engine import Trainer, build_method, load_data
-from conftest import fixed_batch_losses, METHODS_DIR, tiny_suite_config
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,11 @@ def build(method_config, digits, seed=0):
 
 def batch(seed=0, size=16):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(size, 1, 8, 8, generator=g)], torch.randint(0, 10, (size,), generator=g), torch.arange(size)
+    return (
+        [torch.randn(size, 1, 8, 8, generator=g)],
+        torch.randint(0, 10, (size,), generator=g),
+        torch.arange(size),
+    )
 
 
 def test_classifier_covers_the_classes(method_config, digits):
@@ -40,7 +45,9 @@ def test_labels_are_used(method_config, digits):
     method = build(method_config, digits)
     views, labels, idx = batch()
     wrong = (labels + 1) % 10
-    assert not torch.isclose(method.training_loss(views, labels, idx), method.training_loss(views, wrong, idx))
+    assert not torch.isclose(
+        method.training_loss(views, labels, idx), method.training_loss(views, wrong, idx)
+    )
     with pytest.raises(ValueError, match="labels"):
         method.training_loss(views, None, idx)
 
@@ -52,7 +59,9 @@ def test_trains_on_tiny_config(tmp_path, method_config):
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.8 * losses[0], losses
     # And the engine's loop runs its epochs with finite losses that fall.
-    fresh = Trainer(METHODS_DIR / "supervised", method_config("supervised"), 0, tmp_path / "run", progress=False)
+    fresh = Trainer(
+        METHODS_DIR / "supervised", method_config("supervised"), 0, tmp_path / "run", progress=False
+    )
     fresh.fit()
     epoch_losses = [row["loss"] for row in fresh.log_rows]
     assert len(epoch_losses) == 2 and all(math.isfinite(v) for v in epoch_losses)

@@ -1,4 +1,5 @@
 """End to end: real snakemake on a copy of the workflow with a tiny config."""
+
 import os
 import re
 import shutil
@@ -9,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import REPO, tiny_suite_config
 
 from sslbench.config import discover_methods
-from conftest import REPO, tiny_suite_config
 
 pytestmark = pytest.mark.slow
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -36,16 +37,25 @@ def workflow(tmp_path_factory):
 def snakemake(root: Path, *args: str) -> subprocess.CompletedProcess:
     # The rules call the `sslbench` console script: put this interpreter's bin folder first on PATH.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run([*SNAKEMAKE, "--configfile", "tiny.yaml", *args], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [*SNAKEMAKE, "--configfile", "tiny.yaml", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def planned_jobs(root: Path, *extra: str) -> dict[str, int]:
     out = snakemake(root, "-n", "--cores", "2", *extra)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout + out.stderr
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", text, re.M)
-            if m.group(1) not in ("total", "count")}
+    return {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", text, re.M)
+        if m.group(1) not in ("total", "count")
+    }
 
 
 def test_table_has_every_method_seed_and_its_settings(workflow):
@@ -54,8 +64,18 @@ def test_table_has_every_method_seed_and_its_settings(workflow):
     assert runs == {("simclr", 0), ("simclr", 1), ("random", 0), ("random", 1)}
     knn = table[table["metric"] == "top1_k200_t0.1"]
     assert len(knn) == 4 and knn["value"].between(0, 1).all()
-    for column in ("backbone", "epochs", "batch_size", "image_size", "protocol_settings", "git_commit",
-                   "device", "version_torch", "eval_wall_time_s", "small_stem"):
+    for column in (
+        "backbone",
+        "epochs",
+        "batch_size",
+        "image_size",
+        "protocol_settings",
+        "git_commit",
+        "device",
+        "version_torch",
+        "eval_wall_time_s",
+        "small_stem",
+    ):
         assert column in table.columns and table[column].notna().all(), column
 
 
@@ -131,14 +151,21 @@ def test_broken_method_folder_stops_before_training_or_is_skipped_with_keep_goin
 
 def test_same_config_and_seed_give_a_bit_identical_table(workflow):
     """Retrain one run from scratch (checkpoints deleted): every value in the table is the same."""
+
     def values():
         table = pd.read_csv(workflow / "results" / "table.csv", dtype={"value": str})  # compare as text
         return table.set_index(["method", "seed", "protocol", "metric"])["value"].sort_index()
 
     before = values()
     shutil.rmtree(workflow / "results" / "digits" / "simclr" / "seed0" / "checkpoints")
-    out = snakemake(workflow, "--cores", "2", "--forcerun", "results/digits/simclr/seed0/checkpoint.pt",
-                    "results/table.csv")
+    out = snakemake(
+        workflow,
+        "--cores",
+        "2",
+        "--forcerun",
+        "results/digits/simclr/seed0/checkpoint.pt",
+        "results/table.csv",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "localrule pretrain" in out.stdout + out.stderr or "rule pretrain" in out.stdout + out.stderr
     after = values()

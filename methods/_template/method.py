@@ -4,6 +4,7 @@ Discovery skips folders whose name starts with "_", so this one never runs.
 Write the method like its paper's pseudo-code; the engine does the rest
 (loop, optimiser, schedule, checkpoints, devices, logs).
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -12,8 +13,8 @@ from sslbench.method import Method, projection_mlp
 
 
 class MyMethod(Method):
-    num_views = 2          # how many augmented views of each image training_loss receives
-    needs_labels = False   # True: training_loss receives the true labels
+    num_views = 2  # how many augmented views of each image training_loss receives
+    needs_labels = False  # True: training_loss receives the true labels
 
     def __init__(self, backbone, info, cfg):
         # backbone: the timm model (num_classes=0); backbone.num_features is self.feature_dim.
@@ -32,6 +33,6 @@ class MyMethod(Method):
         return supcon(z, labels=None, temperature=self.temperature, base_temperature=self.temperature)
 
     # Optional hooks:
-    # def on_epoch_start(self, ctx):   # ctx.forward_train_set(fn) runs fn on every train image (eval transform)
+    # def on_epoch_start(self, ctx):   # ctx.forward_train_set(fn): fn on every train image (eval transform)
     # def on_step_end(self, ctx):      # e.g. a momentum update; ctx.progress is in [0, 1]
     # def encoder(self):               # the network evaluated (default: self.backbone)

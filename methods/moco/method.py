@@ -13,6 +13,7 @@
 The machinery (split BN, key encoder, queue) lives in sslbench/momentum.py, shared with PCL.
 The evaluated encoder is the query backbone.
 """
+
 import torch.nn.functional as F
 
 from sslbench.losses import info_nce

@@ -19,6 +19,7 @@ MoCo (v2 by default) plus prototypes found by k-means on momentum features (an E
 MoCo's machinery (split BN, key encoder, queue) comes from sslbench/momentum.py; the maths
 from sslbench.losses (info_nce, proto_nce) and sslbench.clustering (kmeans, concentration).
 """
+
 import time
 
 import torch
@@ -41,8 +42,9 @@ class PCL(Method):
         self.temperature = temperature_of(p)
         self.warmup_epochs = int(p["warmup_epochs"])
         self.num_clusters = check_num_clusters(p["num_clusters"], info.num_train)
-        self.num_negatives = check_num_negatives(p["num_negatives"], self.num_clusters,
-                                                 int(cfg["train"]["batch_size"]))
+        self.num_negatives = check_num_negatives(
+            p["num_negatives"], self.num_clusters, int(cfg["train"]["batch_size"])
+        )
         self.alpha = float(p["alpha"])
         self.kmeans_settings = dict(p["kmeans"])
         dim = int(p["dim"])
@@ -80,8 +82,14 @@ class PCL(Method):
         stats = {}
         for m, k in enumerate(self.num_clusters):
             sizes = torch.bincount(self.assignments[m], minlength=k).float()
-            stats.update({f"k{k}_size_min": sizes.min().item(), f"k{k}_size_median": sizes.median().item(),
-                          f"k{k}_size_max": sizes.max().item(), f"k{k}_empty": int((sizes == 0).sum())})
+            stats.update(
+                {
+                    f"k{k}_size_min": sizes.min().item(),
+                    f"k{k}_size_median": sizes.median().item(),
+                    f"k{k}_size_max": sizes.max().item(),
+                    f"k{k}_empty": int((sizes == 0).sum()),
+                }
+            )
         return stats
 
     def prototype(self, m: int) -> torch.Tensor:
@@ -98,7 +106,9 @@ class PCL(Method):
         self.queue.push(k)
         if self.assignments[0, 0] < 0:  # warm-up: no E-step yet, InfoNCE only
             return loss
-        proto_terms = [self.proto_nce_term(q, m, self.assignments[m][indices]) for m in range(len(self.num_clusters))]
+        proto_terms = [
+            self.proto_nce_term(q, m, self.assignments[m][indices]) for m in range(len(self.num_clusters))
+        ]
         return loss + torch.stack(proto_terms).mean()
 
     def proto_nce_term(self, q, m, positives):
@@ -111,9 +121,16 @@ class PCL(Method):
         if len(self.last_negative_ids) < len(self.num_clusters):
             self.last_negative_ids = [None] * len(self.num_clusters)
         self.last_negative_ids[m] = sample_negative_prototypes(
-            positives, k, self.num_negatives, torch.Generator().manual_seed(seed))
-        return proto_nce(q, self.prototype(m), positives, self.phi(m), self.num_negatives,
-                         torch.Generator().manual_seed(seed))
+            positives, k, self.num_negatives, torch.Generator().manual_seed(seed)
+        )
+        return proto_nce(
+            q,
+            self.prototype(m),
+            positives,
+            self.phi(m),
+            self.num_negatives,
+            torch.Generator().manual_seed(seed),
+        )
 
     def on_step_end(self, ctx):
         self.key_encoder.update([self.backbone, self.projector])
@@ -121,11 +138,15 @@ class PCL(Method):
 
 def check_num_clusters(num_clusters, num_train: int) -> list[int]:
     if not isinstance(num_clusters, (list, tuple)) or not num_clusters:
-        raise ValueError(f"config key `num_clusters` must be a non-empty list of cluster counts, got {num_clusters!r}")
+        raise ValueError(
+            f"config key `num_clusters` must be a non-empty list of cluster counts, got {num_clusters!r}"
+        )
     counts = [int(k) for k in num_clusters]
     if any(not 1 <= k <= num_train for k in counts):
-        raise ValueError(f"config key `num_clusters` = {counts}: each count must lie in [1, {num_train}] "
-                         f"(the number of training images); lower the counts for this dataset")
+        raise ValueError(
+            f"config key `num_clusters` = {counts}: each count must lie in [1, {num_train}] "
+            f"(the number of training images); lower the counts for this dataset"
+        )
     return counts
 
 
@@ -137,7 +158,8 @@ def check_num_negatives(r, num_clusters: list[int], batch_size: int) -> int | No
     if not isinstance(r, int) or not 1 <= r <= limit:
         raise ValueError(
             f"config key `num_negatives` = {r!r}: negatives are drawn from the prototypes no image of the "
-            f"batch is assigned to, so r must lie in [1, min(num_clusters) - batch_size = {limit}]; lower it, "
+            "batch is assigned to, so r must lie in [1, min(num_clusters) - batch_size = "
+            f"{limit}]; lower it, "
             "or set it to null to contrast with every prototype"
         )
     return r

@@ -1,4 +1,5 @@
 """The untrained backbone: randomly initialised, never trained. The floor every method must beat."""
+
 from sslbench.method import Method
 
 

@@ -14,6 +14,7 @@ f is the backbone (evaluated), W_h the H linear heads, held as one [H*K, D] laye
 one matrix product, not H (the same initialisation per head: uniform with bound 1/sqrt(D)).
 The labels L [H, N] are a buffer, so they are checkpointed and restored on resume.
 """
+
 import itertools
 import math
 import time
@@ -35,15 +36,21 @@ class SeLa(Method):
         p = cfg["params"]
         self.num_heads, self.num_clusters = int(p["num_heads"]), int(p["num_clusters"])
         if self.num_heads < 1 or not 1 <= self.num_clusters <= info.num_train:
-            raise ValueError(f"methods/sela/config.yaml: need num_heads >= 1 and 1 <= num_clusters <= "
-                             f"{info.num_train} (the training images); got {self.num_heads}, {self.num_clusters}")
+            raise ValueError(
+                f"methods/sela/config.yaml: need num_heads >= 1 and 1 <= num_clusters <= "
+                f"{info.num_train} (the training images); got {self.num_heads}, {self.num_clusters}"
+            )
         self.lam = float(p["lam"])
         self.sinkhorn_tol, self.sinkhorn_max_iters = float(p["sinkhorn_tol"]), int(p["sinkhorn_max_iters"])
-        self.relabel_epochs = self.relabel_schedule(cfg["train"]["epochs"], p["num_relabels"], p["relabel_power"])
+        self.relabel_epochs = self.relabel_schedule(
+            cfg["train"]["epochs"], p["num_relabels"], p["relabel_power"]
+        )
         self.heads = nn.Linear(self.feature_dim, self.num_heads * self.num_clusters)  # W_1..W_H stacked
         # The engine seeds torch with the run's seed before building the method: the labels follow it.
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
-        initial = [equipartition_labels(info.num_train, self.num_clusters, generator) for _ in range(self.num_heads)]
+        initial = [
+            equipartition_labels(info.num_train, self.num_clusters, generator) for _ in range(self.num_heads)
+        ]
         self.register_buffer("labels", torch.stack(initial))  # [H, N] pseudo-labels, checkpointed
 
     @staticmethod
@@ -57,10 +64,14 @@ class SeLa(Method):
         epochs and undoes the 2-3-2-3 wobble rounding puts into slowly growing gaps.
         """
         if num_epochs < 1 or count < 1:
-            raise ValueError(f"SeLa relabel schedule needs train.epochs >= 1 and num_relabels >= 1, "
-                             f"got {num_epochs} and {count}")
+            raise ValueError(
+                f"SeLa relabel schedule needs train.epochs >= 1 and num_relabels >= 1, "
+                f"got {num_epochs} and {count}"
+            )
         if power < 1:
-            raise ValueError(f"methods/sela/config.yaml: relabel_power must be >= 1 (denser early), got {power}")
+            raise ValueError(
+                f"methods/sela/config.yaml: relabel_power must be >= 1 (denser early), got {power}"
+            )
         count = min(int(count), int(num_epochs))
         epochs: list[int] = []
         for i in range(count):
@@ -78,11 +89,17 @@ class SeLa(Method):
         """Re-optimise every head's labels on the whole train set; returns how many labels changed."""
         features = ctx.forward_train_set(self.backbone)  # [N, D], evaluation transform, dataset order
         probs = F.softmax(self.logits(features).double(), dim=2)  # [N, H, K]
-        new = torch.stack([
-            sinkhorn_labels(probs[:, h].contiguous(), self.lam, tol=self.sinkhorn_tol,
-                            max_iters=self.sinkhorn_max_iters)
-            for h in range(self.num_heads)
-        ]).to(self.labels.device)
+        new = torch.stack(
+            [
+                sinkhorn_labels(
+                    probs[:, h].contiguous(),
+                    self.lam,
+                    tol=self.sinkhorn_tol,
+                    max_iters=self.sinkhorn_max_iters,
+                )
+                for h in range(self.num_heads)
+            ]
+        ).to(self.labels.device)
         changed = int((new != self.labels).sum())
         self.labels.copy_(new)
         return changed
@@ -96,7 +113,7 @@ class SeLa(Method):
         ctx.log.update(relabelled=relabelled, labels_changed=changed, relabel_seconds=seconds)
 
     def training_loss(self, views, labels, indices):
-        logits = self.logits(self.backbone(views[0]))                    # [B, H, K]
-        targets = self.labels[:, indices.to(self.labels.device)]           # [H, B]
+        logits = self.logits(self.backbone(views[0]))  # [B, H, K]
+        targets = self.labels[:, indices.to(self.labels.device)]  # [H, B]
         # The mean over B x H terms is the mean over heads of each head's mean cross-entropy.
         return F.cross_entropy(logits.flatten(0, 1), targets.T.flatten())

@@ -7,6 +7,7 @@ f is the backbone (evaluated), g the 'mlp' head of SupContrast's resnet_big.py
 (Linear(d, d) - ReLU - Linear(d, 128)). The classifier stage of the paper is our
 linear protocol, run on f's features.
 """
+
 from sslbench.losses import supcon
 from sslbench.method import Method, embed_views, projection_mlp
 
@@ -18,12 +19,20 @@ class SupCon(Method):
     def __init__(self, backbone, info, cfg):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
-        self.projector = projection_mlp(self.feature_dim, p["proj_hidden_dim"] or self.feature_dim, p["proj_dim"])
+        self.projector = projection_mlp(
+            self.feature_dim, p["proj_hidden_dim"] or self.feature_dim, p["proj_dim"]
+        )
         self.temperature = p["temperature"]
         self.base_temperature = p["base_temperature"]
 
     def training_loss(self, views, labels, indices):
         if labels is None:
-            raise ValueError("SupCon needs the class labels of the batch (needs_labels = True); got labels=None")
-        return supcon(embed_views(self.backbone, self.projector, views), labels, temperature=self.temperature,
-                      base_temperature=self.base_temperature)
+            raise ValueError(
+                "SupCon needs the class labels of the batch (needs_labels = True); got labels=None"
+            )
+        return supcon(
+            embed_views(self.backbone, self.projector, views),
+            labels,
+            temperature=self.temperature,
+            base_temperature=self.base_temperature,
+        )

@@ -4,6 +4,7 @@
 
 f is the backbone (evaluated), W a linear classifier over the dataset's classes.
 """
+
 import torch.nn.functional as F
 from torch import nn
 
@@ -20,5 +21,7 @@ class Supervised(Method):
 
     def training_loss(self, views, labels, indices):
         if labels is None:
-            raise ValueError("supervised cross-entropy needs the class labels (needs_labels = True); got None")
+            raise ValueError(
+                "supervised cross-entropy needs the class labels (needs_labels = True); got None"
+            )
         return F.cross_entropy(self.classifier(self.backbone(views[0])), labels)

@@ -1,4 +1,5 @@
 """Run under torchrun: 2 ranks × B/2 give the loss and gradients of 1 process × B (SimCLR/SupCon)."""
+
 import sys
 
 import torch
@@ -26,7 +27,9 @@ def loss_of(module, x, y):
 # Reference: one process, the whole batch (computed on every rank, no communication).
 ref_layer = torch.nn.Linear(3, D)
 ref_layer.load_state_dict(layer.state_dict())
-ref = supcon(F.normalize(ref_layer(x), dim=-1), y if labelled else None, temperature=0.5, base_temperature=0.07)
+ref = supcon(
+    F.normalize(ref_layer(x), dim=-1), y if labelled else None, temperature=0.5, base_temperature=0.07
+)
 ref.backward()
 
 ddp = DistributedDataParallel(layer)

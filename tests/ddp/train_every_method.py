@@ -2,6 +2,7 @@
 
 argv: out_dir method [method ...]   (one process start for all methods: torchrun and imports are slow)
 """
+
 import json
 import sys
 from pathlib import Path
@@ -30,11 +31,19 @@ for method in methods:
     # on both ranks: compare each against rank 0's copy. Batch-norm running statistics are the exception,
     # as in any DDP training: DDP broadcasts rank 0's at each forward, then each rank updates them from
     # its own shard; rank 0's are the ones checkpointed.
-    state = {name: value for name, value in trainer.method.state_dict().items()
-             if "running_" not in name and "num_batches_tracked" not in name}
-    mismatched = [name for name, value in state.items()
-                  if not torch.equal(dist.broadcast(value.clone(), src=0), value)]
+    state = {
+        name: value
+        for name, value in trainer.method.state_dict().items()
+        if "running_" not in name and "num_batches_tracked" not in name
+    }
+    mismatched = [
+        name for name, value in state.items() if not torch.equal(dist.broadcast(value.clone(), src=0), value)
+    ]
     with open(out_root / f"report_rank{dist.rank()}.jsonl", "a") as f:  # a file per rank: no interleaving
-        f.write(json.dumps({"rank": dist.rank(), "method": method, "tensors": len(state),
-                            "mismatched": mismatched}) + "\n")
+        f.write(
+            json.dumps(
+                {"rank": dist.rank(), "method": method, "tensors": len(state), "mismatched": mismatched}
+            )
+            + "\n"
+        )
 dist.shutdown()
