@@ -14,7 +14,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["info_nce", "supcon", "proto_nce", "sample_negative_prototypes"]
+__all__ = [
+    "info_nce",
+    "supcon",
+    "proto_nce",
+    "PROTO_NCE_FORMS",
+    "sample_negative_prototypes",
+]
 
 
 def _require_2d(name: str, tensor: torch.Tensor) -> None:
@@ -108,6 +114,15 @@ def supcon(
     return -(temperature / base_temperature) * mean_log_prob_pos.mean()
 
 
+def _prototypes_outside(assignments: torch.Tensor, num_prototypes: int) -> torch.Tensor:
+    """Ids of the prototypes that no query is assigned to (nobody's positive), in increasing
+    order, on assignments' device."""
+    assignments = assignments.reshape(-1)
+    is_positive = torch.zeros(num_prototypes, dtype=torch.bool, device=assignments.device)
+    is_positive[assignments] = True
+    return torch.nonzero(~is_positive).flatten()
+
+
 def sample_negative_prototypes(
     assignments: torch.Tensor,
     num_prototypes: int,
@@ -120,9 +135,7 @@ def sample_negative_prototypes(
     assignments' device; `generator` must be a CPU generator (it drives the
     draw on the CPU)."""
     assignments = assignments.reshape(-1)
-    is_positive = torch.zeros(num_prototypes, dtype=torch.bool)
-    is_positive[assignments.cpu()] = True
-    candidates = torch.nonzero(~is_positive).flatten()
+    candidates = _prototypes_outside(assignments.cpu(), num_prototypes)
     if r < 0 or r > candidates.numel():
         raise ValueError(
             f"cannot sample num_negatives={r} prototypes: only {candidates.numel()} of "
@@ -132,6 +145,10 @@ def sample_negative_prototypes(
     return chosen.to(assignments.device)
 
 
+# How the candidate prototypes become logit columns (see proto_nce).
+PROTO_NCE_FORMS = ("official", "paper_eq10")
+
+
 def proto_nce(
     query: torch.Tensor,
     prototypes: torch.Tensor,
@@ -139,22 +156,31 @@ def proto_nce(
     concentration: torch.Tensor,
     num_negatives: int | None = None,
     generator: torch.Generator | None = None,
+    form: str = "official",
 ) -> torch.Tensor:
     """One clustering's ProtoNCE term.
 
     query [B, D]; prototypes [k, D]; assignments [B] (long, the cluster of
     each query); concentration [k] (phi of each cluster).
 
-    num_negatives=None: logits q·c_j / phi_j over every prototype and
-    cross-entropy towards the assigned one (PCL paper, eq. 10).
-    num_negatives=r: as facebookresearch/PCL's builder, the candidate
-    prototypes are the B positives of the whole batch (one per query, in batch
-    order, repeats kept) followed by r negatives drawn from the prototypes that
-    are nobody's positive (`sample_negative_prototypes`); logits [B, B + r],
-    each divided by its own prototype's phi, and query i's target is column i.
+    The candidates are the batch's positive prototypes and the negatives: r
+    prototypes drawn from those that are nobody's positive
+    (num_negatives=r, `sample_negative_prototypes`), or all of those
+    (num_negatives=None). Each logit is q·c_j / phi_j, and the loss is the
+    cross-entropy towards the query's own prototype. ``form`` says how the
+    positives become columns:
+
+    - "official" (salesforce/PCL pcl/builder.py): one column per query, in
+      batch order, so a prototype that is the positive of n queries appears n
+      times in every row's denominator; then the negatives. Query i's target
+      is column i. Logits [B, B + negatives].
+    - "paper_eq10" (the paper's eq. 10): each candidate prototype once; with
+      num_negatives=None that is every prototype once, logits [B, k].
     """
     _require_2d("query", query)
     _require_2d("prototypes", prototypes)
+    if form not in PROTO_NCE_FORMS:
+        raise ValueError(f"form must be one of {PROTO_NCE_FORMS}, got {form!r}")
     assignments = assignments.reshape(-1).long()
     num_prototypes = prototypes.shape[0]
     if assignments.shape[0] != query.shape[0]:
@@ -170,11 +196,13 @@ def proto_nce(
         raise ValueError(f"assignments must lie in [0, {num_prototypes}), the prototype ids")
 
     if num_negatives is None:
-        logits = query @ prototypes.T / concentration[None, :]
-        return F.cross_entropy(logits, assignments)
-
-    negative_ids = sample_negative_prototypes(assignments, num_prototypes, num_negatives, generator)
-    selected = torch.cat([assignments, negative_ids.to(assignments.device)])
+        negative_ids = _prototypes_outside(assignments, num_prototypes)
+    else:
+        negative_ids = sample_negative_prototypes(assignments, num_prototypes, num_negatives, generator)
+    if form == "official":
+        positive_ids, targets = assignments, torch.arange(query.shape[0], device=query.device)
+    else:
+        positive_ids, targets = torch.unique(assignments, return_inverse=True)
+    selected = torch.cat([positive_ids, negative_ids.to(assignments.device)])
     logits = query @ prototypes[selected].T / concentration[None, selected]
-    targets = torch.arange(query.shape[0], device=query.device)
-    return F.cross_entropy(logits, targets)
+    return F.cross_entropy(logits, targets.to(query.device))

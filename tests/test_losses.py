@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sslbench.losses import info_nce, proto_nce, sample_negative_prototypes, supcon
+from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes, supcon
 
 SEEDS = [0, 1, 2]
 
@@ -175,27 +175,94 @@ def test_supcon_rejects_bad_input():
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("temperature", [0.1, 0.3])
-def test_proto_nce_with_each_point_its_own_cluster_is_in_batch_info_nce(seed, temperature):
+@pytest.mark.parametrize("form", PROTO_NCE_FORMS)
+def test_proto_nce_with_each_point_its_own_cluster_is_in_batch_info_nce(seed, temperature, form):
     g = torch.Generator().manual_seed(seed)
     query, key = unit_rows(g, 8, 6), unit_rows(g, 8, 6)
     phi = torch.full((8,), temperature, dtype=torch.float64)
-    loss = proto_nce(query, key, torch.arange(8), phi)
+    loss = proto_nce(query, key, torch.arange(8), phi, form=form)
     in_batch = F.cross_entropy(query @ key.T / temperature, torch.arange(8))
     assert loss.item() == pytest.approx(in_batch.item(), rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_proto_nce_full_divides_each_logit_by_its_prototype_phi(seed):
+def test_proto_nce_paper_eq10_lists_every_prototype_once_each_divided_by_its_phi(seed):
     g = torch.Generator().manual_seed(seed)
     query, prototypes = unit_rows(g, 6, 5), unit_rows(g, 4, 5)
     assignments = torch.randint(0, 4, (6,), generator=g)
     phi = 0.05 + torch.rand(4, generator=g, dtype=torch.float64)
-    loss = proto_nce(query, prototypes, assignments, phi)
+    loss = proto_nce(query, prototypes, assignments, phi, form="paper_eq10")
     expected = 0.0
     for i in range(6):
         scores = [math.exp(float(query[i] @ prototypes[j]) / float(phi[j])) for j in range(4)]
         expected += -math.log(scores[assignments[i]] / sum(scores))
     assert loss.item() == pytest.approx(expected / 6, rel=1e-9)
+
+
+def test_proto_nce_forms_differ_by_hand_when_two_images_share_a_prototype():
+    # Two images, both assigned to prototype 0 = e1 and both with q = e1; prototype 1 = e2 is
+    # nobody's positive; phi = 1. pcl/builder.py's row is [q.c0, q.c0, q.c1] = [1, 1, 0], target the
+    # image's own column: log(2e + 1) - 1. Eq. 10's row is [1, 0]: log(e + 1) - 1.
+    e1, e2 = torch.eye(2, dtype=torch.float64)
+    query, prototypes = torch.stack([e1, e1]), torch.stack([e1, e2])
+    assignments, phi = torch.tensor([0, 0]), torch.ones(2, dtype=torch.float64)
+    official = proto_nce(query, prototypes, assignments, phi)
+    eq10 = proto_nce(query, prototypes, assignments, phi, form="paper_eq10")
+    assert official.item() == pytest.approx(math.log(2 * math.e + 1) - 1, rel=1e-12)
+    assert eq10.item() == pytest.approx(math.log(math.e + 1) - 1, rel=1e-12)
+
+
+def pcl_builder_loss(q, im2cluster, index, prototypes, density):
+    """salesforce/PCL pcl/builder.py's prototypical logits and targets for one clustering, with r = all
+    the prototypes no image of the batch is assigned to, re-derived line by line (then its
+    CrossEntropyLoss). The negatives are a set there (drawn by random.sample); their order does not
+    change a softmax."""
+    pos_proto_id = im2cluster[index]
+    pos_prototypes = prototypes[pos_proto_id]
+    all_proto_id = [i for i in range(im2cluster.max() + 1)]
+    neg_proto_id = sorted(set(all_proto_id) - set(pos_proto_id.tolist()))
+    neg_prototypes = prototypes[neg_proto_id]
+    proto_selected = torch.cat([pos_prototypes, neg_prototypes], dim=0)
+    logits_proto = torch.mm(q, proto_selected.t())
+    labels_proto = torch.linspace(0, q.size(0) - 1, steps=q.size(0)).long()
+    temp_proto = density[torch.cat([pos_proto_id, torch.LongTensor(neg_proto_id)], dim=0)]
+    logits_proto /= temp_proto
+    return F.cross_entropy(logits_proto, labels_proto)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_proto_nce_default_is_pcl_builders_loss_with_every_other_prototype(seed):
+    g = torch.Generator().manual_seed(seed)
+    k, n = 9, 40
+    im2cluster = torch.cat([torch.arange(k), torch.randint(0, k, (n - k,), generator=g)])  # none empty
+    index = torch.randperm(n, generator=g)[:12]  # a batch of 12 images: several share a cluster
+    q, prototypes = unit_rows(g, 12, 5), unit_rows(g, k, 5)
+    density = 0.05 + torch.rand(k, generator=g, dtype=torch.float64)
+    assert len(set(im2cluster[index].tolist())) < min(12, k)  # repeats, and some prototypes left out
+    loss = proto_nce(q, prototypes, im2cluster[index], density)
+    expected = pcl_builder_loss(q, im2cluster, index, prototypes, density)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    eq10 = proto_nce(q, prototypes, im2cluster[index], density, form="paper_eq10")
+    assert abs(loss.item() - eq10.item()) > 0.05
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_proto_nce_paper_eq10_with_r_negatives_lists_each_candidate_once(seed):
+    g = torch.Generator().manual_seed(seed)
+    k = 12
+    query, prototypes = unit_rows(g, 7, 5), unit_rows(g, k, 5)
+    assignments = torch.tensor([0, 3, 3, 5, 0, 0, 8])
+    phi = 0.05 + torch.rand(k, generator=g, dtype=torch.float64)
+    loss = proto_nce(
+        query, prototypes, assignments, phi, 3, torch.Generator().manual_seed(seed), form="paper_eq10"
+    )
+    negatives = sample_negative_prototypes(assignments, k, 3, torch.Generator().manual_seed(seed))
+    candidates = [0, 3, 5, 8] + negatives.tolist()
+    expected = 0.0
+    for i in range(7):
+        scores = [math.exp(float(query[i] @ prototypes[j]) / float(phi[j])) for j in candidates]
+        expected += -math.log(scores[candidates.index(int(assignments[i]))] / sum(scores))
+    assert loss.item() == pytest.approx(expected / 7, rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -273,3 +340,5 @@ def test_proto_nce_rejects_bad_input():
         proto_nce(query, prototypes, torch.tensor([0, 1, 2]), torch.ones(4))
     with pytest.raises(ValueError, match="prototype ids"):
         proto_nce(query, prototypes, torch.tensor([0, 1, 5]), torch.ones(5))
+    with pytest.raises(ValueError, match="paper_eq10"):
+        proto_nce(query, prototypes, torch.tensor([0, 1, 2]), torch.ones(5), form="eq10")

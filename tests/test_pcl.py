@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR
 
 from sslbench.engine import Trainer, build_method, load_data
-from sslbench.losses import info_nce, proto_nce
+from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce
 
 BATCH = 64  # the tiny suite's batch size (tests/conftest.py)
 
@@ -40,8 +40,9 @@ def capture_outputs(module):
     return outputs
 
 
-def test_warm_up_loss_is_infonce_alone_and_then_adds_the_mean_protonce(tmp_path, method_config):
-    t = trainer(tmp_path, method_config, warmup_epochs=1, num_clusters=[10, 20, 40])
+@pytest.mark.parametrize("form", PROTO_NCE_FORMS)
+def test_warm_up_loss_is_infonce_alone_and_then_adds_the_mean_protonce(tmp_path, method_config, form):
+    t = trainer(tmp_path, method_config, warmup_epochs=1, num_clusters=[10, 20, 40], proto_logits=form)
     method = t.method.train()
     log = e_step(t)  # epoch 0 < warmup_epochs: no clustering
     assert "estep_seconds" not in log and (method.assignments == -1).all()
@@ -61,7 +62,8 @@ def test_warm_up_loss_is_infonce_alone_and_then_adds_the_mean_protonce(tmp_path,
     e_step(t)
     loss, infonce, q, indices = loss_and_parts(1)
     protos = [
-        proto_nce(q, method.prototype(m), method.assignments[m][indices], method.phi(m)) for m in range(3)
+        proto_nce(q, method.prototype(m), method.assignments[m][indices], method.phi(m), form=form)
+        for m in range(3)
     ]
     torch.testing.assert_close(loss, infonce + sum(protos) / 3)
 
@@ -119,6 +121,8 @@ def test_infeasible_settings_are_rejected(method_config):
         build(num_clusters=[10, 5000])  # more clusters than the 1347 training images
     with pytest.raises(ValueError, match="num_clusters"):
         build(num_clusters=[])
+    with pytest.raises(ValueError, match="proto_logits"):
+        build(proto_logits="eq10")
 
 
 def test_clustering_state_has_fixed_shapes_and_reloads(tmp_path, method_config):

@@ -12,8 +12,8 @@ MoCo (v2 by default) plus prototypes found by k-means on momentum features (an E
         for x in loader:                                  # M-step
             q, k = normalize(f_q(aug(x))), normalize(f_k(aug(x)))
             loss = InfoNCE(q, k, queue, T)
-            if E-step done:
-                loss += mean_m ProtoNCE(q, prototypes_m, assignments_m[x], phi_m, r negatives)
+            if E-step done:  # candidates: the batch's positives, one per image (pcl/builder.py), then others
+                loss += mean_m ProtoNCE(q, prototypes_m, assignments_m[x], phi_m, r or all negatives)
             enqueue(queue, k); SGD step on f_q; f_k = m f_k + (1 - m) f_q
 
 MoCo's machinery (split BN, key encoder, queue) comes from sslbench/momentum.py; the maths
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from sslbench import distributed as dist
 from sslbench.clustering import concentration, kmeans
-from sslbench.losses import info_nce, proto_nce, sample_negative_prototypes
+from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes
 from sslbench.method import Method
 from sslbench.momentum import moco_components, temperature_of
 
@@ -45,6 +45,7 @@ class PCL(Method):
         self.num_negatives = check_num_negatives(
             p["num_negatives"], self.num_clusters, int(cfg["train"]["batch_size"])
         )
+        self.proto_logits = check_proto_logits(p["proto_logits"])
         self.alpha = float(p["alpha"])
         self.kmeans_settings = dict(p["kmeans"])
         dim = int(p["dim"])
@@ -113,7 +114,7 @@ class PCL(Method):
 
     def proto_nce_term(self, q, m, positives):
         if self.num_negatives is None:
-            return proto_nce(q, self.prototype(m), positives, self.phi(m))
+            return proto_nce(q, self.prototype(m), positives, self.phi(m), form=self.proto_logits)
         # A fresh generator seeded from the global RNG (checkpointed by the engine, so resumes
         # repeat the draw); the same seed replays the draw to keep the ids for inspection.
         seed = int(torch.randint(0, 2**62, ()))
@@ -130,6 +131,7 @@ class PCL(Method):
             self.phi(m),
             self.num_negatives,
             torch.Generator().manual_seed(seed),
+            form=self.proto_logits,
         )
 
     def on_step_end(self, ctx):
@@ -160,6 +162,16 @@ def check_num_negatives(r, num_clusters: list[int], batch_size: int) -> int | No
             f"config key `num_negatives` = {r!r}: negatives are drawn from the prototypes no image of the "
             "batch is assigned to, so r must lie in [1, min(num_clusters) - batch_size = "
             f"{limit}]; lower it, "
-            "or set it to null to contrast with every prototype"
+            "or set it to null to contrast with every prototype that is no image's positive"
         )
     return r
+
+
+def check_proto_logits(form) -> str:
+    if form not in PROTO_NCE_FORMS:
+        raise ValueError(
+            f"config key `proto_logits` = {form!r}: choose one of {list(PROTO_NCE_FORMS)} "
+            "(official: one column per image of the batch, as pcl/builder.py; paper_eq10: each "
+            "prototype once)"
+        )
+    return form
