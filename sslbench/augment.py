@@ -4,8 +4,11 @@ Input: uint8 images [B, C, H, W] (C = 1 or 3).  Output: float32 [B, C, S, S],
 normalised with the dataset's mean/std.  Every sample gets its own random
 parameters, drawn on the CPU from the ``torch.Generator`` handed to ``forward``
 (same seed, same views, whatever the device) and then moved to the device.
+Every parameter is drawn, in one fixed order, whatever the probabilities and
+the colour order, so a seed gives the same crops, factors and coin flips under
+any setting; the settings only decide what is applied.
 
-The pipeline, per sample, in this fixed order:
+The pipeline, per sample:
 
 1. random resized crop + horizontal flip, both in one ``grid_sample`` call on a
    per-sample axis-aligned grid (the crop box is drawn as torchvision's
@@ -15,16 +18,31 @@ The pipeline, per sample, in this fixed order:
    saturation and hue as torchvision's ``ColorJitter`` defines them, applied in
    a random order per sample (as torchvision and SimCLR's ``random_order=True``
    do), clamped to [0, 1] after each step;
-3. grayscale with probability ``gray_p`` (ITU-R 601 luma, kept as 3 channels);
-4. Gaussian blur with probability ``blur_p``, separable, sigma ~ U(blur_sigma)
-   in pixels, reflect padding, kernel size from SimCLR's rule (about 10% of the
-   side, odd, here at least 3);
+3. grayscale with probability ``gray_p`` (ITU-R 601 luma, kept as 3 channels).
+   Steps 2 and 3 run in the order of each preset's official code: jitter then
+   grey (SimCLR, MoCo v2 / PCL, SupContrast, MoCo's CIFAR demo, self-label's
+   cifar.py), or grey then jitter with ``grey_first`` (InstDisc / MoCo v1's
+   main_moco.py, self-label's data.py).  The orders differ: brightness,
+   contrast and saturation commute with luma (up to clamping), but a hue
+   rotation keeps each pixel's largest and smallest channel, not its luma, so
+   grey(hue(x)) != grey(x), while a grey image goes through the jitter grey;
+4. Gaussian blur with probability ``blur_p``, scaled with the image: sigma ~
+   U(blur_sigma) is given in pixels of a 224-px view (the papers' [0.1, 2] px
+   on 224-px crops: MoCo v2 / PCL's PIL blur, SimCLR) and applied as
+   sigma * S / 224 on an S-px view, so every size gets the blur of 224 px
+   relative to its side.  The kernel follows SimCLR's rule (data_util.py
+   random_blur: kernel_size = S // 10, radius = kernel_size // 2, 2 * radius + 1
+   taps; 23 at 224 px), which spans about +-5.6 sigma at the largest sigma at
+   every size.  Below 20 px the rule gives one tap, i.e. no blur, which is what
+   the relative blur amounts to there (sigma <= 0.15 px on 16 px).  Separable,
+   reflect padding (SimCLR pads with zeros; PIL's blur replicates the edge);
 5. normalisation.
 
-The official recipes flip last (MoCo) and, for MoCo v1 / SeLa, grey before
-jittering; flipping commutes with the colour steps and the symmetric blur, and
-grey-then-jitter equals jitter-then-grey up to clamping (brightness, contrast
-and luma are linear), so the fixed order above draws the same distribution.
+The official recipes flip last (MoCo, self-label); flipping commutes with the
+colour steps and the symmetric blur, so flipping with the crop draws the same
+distribution.  SimCLR itself keeps sigma in pixels at every size (its CIFAR
+recipe drops the blur instead), so on small images this blur is weaker than
+SimCLR's code would give: the same fraction of the side as at 224 px.
 
 For 1-channel images saturation, hue and grayscale are no-ops (as in
 torchvision); brightness, contrast, blur, crop and flip still apply.
@@ -58,6 +76,9 @@ IMAGENET_GREY_STD = sum(w * s for w, s in zip(LUMA_WEIGHTS, IMAGENET_STD))
 
 _CROP_TRIES = 10  # torchvision's RandomResizedCrop tries 10 boxes before the fallback
 
+# blur_sigma is in pixels of a view of this side (the papers' ImageNet crops), scaled by side / 224.
+BLUR_REFERENCE_SIDE = 224
+
 
 @dataclass(frozen=True)
 class ViewConfig:
@@ -72,9 +93,10 @@ class ViewConfig:
     saturation: float = 0.4
     hue: float = 0.1  # shift ~ U[-h, h] of a full turn, h <= 0.5
     gray_p: float = 0.2
+    grey_first: bool = False  # random grey before the colour jitter (MoCo v1, self-label data.py)
     blur_p: float = 0.5
-    blur_sigma: tuple[float, float] = (0.1, 2.0)  # in pixels of the output image
-    # blur kernel size scales with the image: ~10% of the side, odd, at least 3 (SimCLR's rule)
+    blur_sigma: tuple[float, float] = (0.1, 2.0)  # in pixels of a 224-px view, scaled by side / 224
+    # blur kernel size scales with the image: ~10% of the side, odd (SimCLR's rule)
 
     def __post_init__(self):
         for name in ("crop_scale", "crop_ratio", "blur_sigma"):
@@ -101,12 +123,14 @@ class ViewConfig:
                 raise ValueError(f"ViewConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.hue <= 0.5:
             raise ValueError(f"ViewConfig.hue must be in [0, 0.5] (a fraction of a turn), got {self.hue}")
+        if not isinstance(self.grey_first, bool):
+            raise ValueError(f"ViewConfig.grey_first must be true or false, got {self.grey_first!r}")
 
 
 # Values read from the official code (torchvision transforms unless said otherwise).
 VIEW_PRESETS: dict[str, ViewConfig] = {
     # google-research/simclr data_util.py: crop area (0.08, 1), ratio (3/4, 4/3), flip,
-    # colour jitter strength 1.0 -> 0.8/0.8/0.8/0.2 with p=0.8 (random order), grey p=0.2,
+    # colour jitter strength 1.0 -> 0.8/0.8/0.8/0.2 with p=0.8 (random order), then grey p=0.2,
     # blur p=0.5 with sigma ~ U(0.1, 2.0) and kernel height // 10 (ImageNet recipe; the
     # paper's CIFAR runs use strength 0.5 and no blur: override for those).
     "simclr": ViewConfig(
@@ -119,8 +143,8 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
         gray_p=0.2,
         blur_p=0.5,
     ),
-    # facebookresearch/moco main_moco.py without --aug-plus (InstDisc's recipe):
-    # crop (0.2, 1), grey p=0.2, ColorJitter(0.4, 0.4, 0.4, 0.4) always, flip.
+    # facebookresearch/moco main_moco.py without --aug-plus (InstDisc's recipe, also PCL v1's):
+    # crop (0.2, 1), grey p=0.2, then ColorJitter(0.4, 0.4, 0.4, 0.4) always, flip.
     "mocov1": ViewConfig(
         crop_scale=(0.2, 1.0),
         brightness=0.4,
@@ -129,13 +153,27 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
         hue=0.4,
         jitter_p=1.0,
         gray_p=0.2,
+        grey_first=True,
         blur_p=0.0,
     ),
     # facebookresearch/moco main_moco.py --aug-plus (also PCL's recipe): crop (0.2, 1),
-    # ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, grey p=0.2, blur sigma (0.1, 2) p=0.5, flip.
+    # ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, then grey p=0.2, blur sigma (0.1, 2) p=0.5, flip.
     "mocov2": ViewConfig(),
+    # facebookresearch/moco colab/moco_cifar10_demo.ipynb (colab-notebook branch): crop with
+    # torchvision's default scale (0.08, 1), flip, ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, then
+    # grey p=0.2, no blur.
+    "moco_cifar_demo": ViewConfig(
+        crop_scale=(0.08, 1.0),
+        brightness=0.4,
+        contrast=0.4,
+        saturation=0.4,
+        hue=0.1,
+        jitter_p=0.8,
+        gray_p=0.2,
+        blur_p=0.0,
+    ),
     # HobbitLong/SupContrast main_supcon.py: crop (0.2, 1), flip,
-    # ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, grey p=0.2, no blur.
+    # ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8, then grey p=0.2, no blur.
     "supcon": ViewConfig(
         crop_scale=(0.2, 1.0),
         brightness=0.4,
@@ -146,9 +184,9 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
         gray_p=0.2,
         blur_p=0.0,
     ),
-    # yukimasano/self-label data.py, augs=3 (main.py's default): RandomResizedCrop with
-    # torchvision's default scale (0.08, 1), grey p=0.2, ColorJitter(0.4, 0.4, 0.4, 0.4)
-    # always, flip.
+    # yukimasano/self-label data.py, augs=3 (main.py's default, ImageNet): RandomResizedCrop
+    # with torchvision's default scale (0.08, 1), grey p=0.2, then ColorJitter(0.4, 0.4, 0.4,
+    # 0.4) always, flip.  (Its cifar.py crops at scale (0.2, 1) and jitters before the grey.)
     "sela": ViewConfig(
         crop_scale=(0.08, 1.0),
         brightness=0.4,
@@ -157,6 +195,7 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
         hue=0.4,
         jitter_p=1.0,
         gray_p=0.2,
+        grey_first=True,
         blur_p=0.0,
     ),
     # The standard supervised ImageNet recipe (pytorch/examples imagenet/main.py):
@@ -194,8 +233,13 @@ def view_config(preset: str = "mocov2", **overrides) -> ViewConfig:
 
 
 def blur_kernel_size(image_size: int) -> int:
-    """SimCLR's rule: radius = (side // 10) // 2, kernel = 2 * radius + 1; at least 3."""
-    return max(3, 2 * ((image_size // 10) // 2) + 1)
+    """SimCLR's rule: radius = (side // 10) // 2, kernel = 2 * radius + 1 (1, i.e. no blur, below 20 px)."""
+    return 2 * ((image_size // 10) // 2) + 1
+
+
+def blur_sigma_scale(image_size: int) -> float:
+    """The factor from blur_sigma (pixels of a 224-px view) to pixels of an image_size view."""
+    return image_size / BLUR_REFERENCE_SIDE
 
 
 def dataset_stats(channels: int, images: torch.Tensor | None = None) -> tuple[list[float], list[float]]:
@@ -474,6 +518,7 @@ class ViewAugment(nn.Module):
         self.channels = channels
         self.config = config
         self.blur_kernel_size = blur_kernel_size(self.image_size)
+        self.blur_sigma_scale = blur_sigma_scale(self.image_size)
         mean_t, std_t = _mean_std_buffers(channels, mean, std)
         self.register_buffer("mean", mean_t, persistent=False)
         self.register_buffer("std", std_t, persistent=False)
@@ -498,12 +543,21 @@ class ViewAugment(nn.Module):
         params = _draw_params(n, in_h, in_w, self.config, generator)
         device = images.device
         x = self._crop_and_flip(images, params)
-        self._jitter(x, params, device)
+        if self.config.grey_first:
+            self._grey(x, params, device)
+            self._jitter(x, params, device)
+        else:
+            self._jitter(x, params, device)
+            self._grey(x, params, device)
+        if self.blur_kernel_size > 1 and (idx := _indices(params.blur, device)) is not None:
+            sigma = params.sigma.to(device)[idx] * self.blur_sigma_scale
+            x[idx] = gaussian_blur(x[idx], sigma, self.blur_kernel_size)
+        return (x - self.mean.to(device)) / self.std.to(device)
+
+    def _grey(self, x: torch.Tensor, params: _ViewParams, device: torch.device) -> None:
+        """Random grayscale in place (3 channels kept); a no-op on 1-channel images."""
         if self.channels == 3 and (idx := _indices(params.gray, device)) is not None:
             x[idx] = grayscale(x[idx]).expand(-1, 3, -1, -1)
-        if (idx := _indices(params.blur, device)) is not None:
-            x[idx] = gaussian_blur(x[idx], params.sigma.to(device)[idx], self.blur_kernel_size)
-        return (x - self.mean.to(device)) / self.std.to(device)
 
     def _crop_and_flip(self, images: torch.Tensor, params: _ViewParams) -> torch.Tensor:
         n, _, in_h, in_w = images.shape

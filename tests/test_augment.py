@@ -4,6 +4,7 @@ Reference values come from hand computation and from torchvision's own
 per-image functional ops (real torchvision, image by image).
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -142,8 +143,8 @@ def test_view_config_errors_name_the_culprit(call, needle):
 
 
 def test_blur_kernel_size_follows_simclr_rule():
-    # SimCLR: radius = (side // 10) // 2, kernel = 2 * radius + 1 (224 -> 23); here never below 3
-    assert [blur_kernel_size(s) for s in (8, 16, 32, 64, 96, 224)] == [3, 3, 3, 7, 9, 23]
+    # SimCLR data_util.py: kernel_size = side // 10, radius = kernel_size // 2, 2 * radius + 1 taps
+    assert [blur_kernel_size(s) for s in (8, 16, 20, 32, 64, 96, 224)] == [1, 1, 3, 3, 7, 9, 23]
 
 
 # ----------------------------------------------------------------------------- randomness
@@ -371,12 +372,103 @@ def test_blur_matches_a_hand_computed_kernel_and_torchvision():
 def test_blur_sigma_is_per_sample():
     one = random_images(1, 3, 32)
     batch = one.expand(32, -1, -1, -1).contiguous()
-    out = ViewAugment(32, 3, *unit_stats(3), view_config("none", blur_p=1.0, blur_sigma=(0.5, 2.0)))(
+    in_pixels_of_224 = (0.5 * 224 / 32, 2.0 * 224 / 32)  # 0.5 to 2 pixels of the 32-px view
+    out = ViewAugment(32, 3, *unit_stats(3), view_config("none", blur_p=1.0, blur_sigma=in_pixels_of_224))(
         batch, seeded(0)
     )
     sharpness = (out[..., 1:] - out[..., :-1]).abs().mean(dim=(1, 2, 3))  # less with a larger sigma
     assert sharpness.unique().numel() == 32
     assert (sharpness < (one.float() / 255).diff(dim=-1).abs().mean()).all()
+
+
+def blurred_column_profile(side: int, sigma: float) -> torch.Tensor:
+    """The blur's horizontal impulse response on a side x side view: one bright column, blur p = 1."""
+    image = torch.zeros(1, 1, side, side, dtype=torch.uint8)
+    image[..., side // 2] = 255
+    cfg = view_config("none", blur_p=1.0, blur_sigma=(sigma, sigma))
+    return ViewAugment(side, 1, *unit_stats(1), cfg)(image, seeded(0))[0, 0, side // 2]
+
+
+def test_blur_scales_with_the_side_as_at_224_pixels():
+    # sigma is in pixels of a 224-px view: the same blur relative to the side at every size, over
+    # a kernel of about 10% of the side (SimCLR's rule)
+    relative_std = []
+    for side in (112, 224, 448):
+        profile = blurred_column_profile(side, 2.0)
+        offsets = torch.arange(side) - side // 2
+        assert profile.sum().item() == pytest.approx(1.0, abs=1e-5)
+        assert int((profile > 0).sum()) == blur_kernel_size(side)  # the taps: ~10% of the side
+        relative_std.append(math.sqrt(float((profile * offsets.square()).sum())) / side)
+    assert relative_std == pytest.approx([2.0 / 224] * 3, rel=2e-3)
+    # below 20 px SimCLR's rule leaves one tap: the papers' blur (<= 0.9% of the side) is no blur there
+    images = random_images(8, 3, 16)
+    out = ViewAugment(16, 3, *unit_stats(3), view_config("mocov2", **{**IDENTITY, "blur_p": 1.0}))(
+        images, seeded(0)
+    )
+    assert torch.equal(out, images.float() / 255)
+
+
+# ----------------------------------------------------------------------------- colour order
+
+# The order of random grey and colour jitter in each preset's official code.
+OFFICIAL_GREY_FIRST = {
+    "simclr": False,  # google-research/simclr data_util.py random_color_jitter: jitter, then grey
+    "mocov1": True,  # facebookresearch/moco main_moco.py (no --aug-plus): RandomGrayscale, then ColorJitter
+    "mocov2": False,  # main_moco.py --aug-plus: RandomApply(ColorJitter), then RandomGrayscale
+    "moco_cifar_demo": False,  # moco colab/moco_cifar10_demo.ipynb: RandomApply(ColorJitter), then grey
+    "supcon": False,  # HobbitLong/SupContrast main_supcon.py: RandomApply(ColorJitter), then grey
+    "sela": True,  # yukimasano/self-label data.py augs=3: RandomGrayscale, then ColorJitter
+}
+
+
+def hue_then_grey_setting(preset: str, **extra) -> ViewConfig:
+    """The preset's colour order with the jitter reduced to a hue rotation and both steps always on."""
+    return view_config(
+        preset,
+        **{**IDENTITY, "jitter_p": 1.0, "gray_p": 1.0, "hue": 0.5},
+        brightness=0.0,
+        contrast=0.0,
+        saturation=0.0,
+        **extra,
+    )
+
+
+def test_grey_then_jitter_differs_from_jitter_then_grey_for_hue_on_colour_images():
+    images = random_images(32, 3, 6, seed=5)
+    x = images.float() / 255
+    grey = augment.grayscale(x).expand(-1, 3, -1, -1)
+    params = augment._draw_params(32, 6, 6, hue_then_grey_setting("mocov2"), seeded(3))  # replayed draws
+    hue_then_grey = augment.grayscale(adjust_hue(x, params.jitter_factors[:, 3])).expand(-1, 3, -1, -1)
+    first = ViewAugment(6, 3, *unit_stats(3), hue_then_grey_setting("mocov2", grey_first=True))
+    second = ViewAugment(6, 3, *unit_stats(3), hue_then_grey_setting("mocov2", grey_first=False))
+    torch.testing.assert_close(first(images, seeded(3)), grey, atol=1e-6, rtol=0)  # hue: no-op on grey
+    torch.testing.assert_close(second(images, seeded(3)), hue_then_grey, atol=1e-5, rtol=0)
+    assert (hue_then_grey - grey).abs().amax(dim=(1, 2, 3)).min() > 1e-3  # differ for every sample
+    # pure red rotated by a third of a turn is green: grey 0.587, not red's 0.299
+    red = torch.tensor([1.0, 0.0, 0.0]).view(1, 3, 1, 1)
+    assert augment.grayscale(adjust_hue(red, torch.tensor([1 / 3]))).item() == pytest.approx(0.587)
+
+
+def test_the_colour_order_changes_no_draw():
+    # the same seed draws the same parameters under both orders; only their application differs
+    cfg = view_config("simclr")
+    one = augment._draw_params(16, 8, 8, dataclasses.replace(cfg, grey_first=False), seeded(1))
+    other = augment._draw_params(16, 8, 8, dataclasses.replace(cfg, grey_first=True), seeded(1))
+    for field in dataclasses.fields(one):
+        assert torch.equal(getattr(one, field.name), getattr(other, field.name)), field.name
+    images = random_images(16, 3, 8)
+    no_grey = [view_config("simclr", gray_p=0.0, grey_first=order) for order in (False, True)]
+    first, second = (ViewAugment(8, 3, *unit_stats(3), cfg)(images, seeded(1)) for cfg in no_grey)
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("preset", sorted(OFFICIAL_GREY_FIRST))
+def test_each_preset_puts_grey_and_jitter_in_its_official_order(preset):
+    assert VIEW_PRESETS[preset].grey_first is OFFICIAL_GREY_FIRST[preset]
+    images = random_images(16, 3, 6, seed=2)
+    out = ViewAugment(6, 3, *unit_stats(3), hue_then_grey_setting(preset))(images, seeded(4))
+    grey = augment.grayscale(images.float() / 255).expand(-1, 3, -1, -1)
+    assert torch.allclose(out, grey, atol=1e-6) is OFFICIAL_GREY_FIRST[preset]
 
 
 # ----------------------------------------------------------------------------- eval, stats
