@@ -29,20 +29,26 @@ from . import distributed as dist
 from .method import projection_mlp
 
 # What each MoCo version changes (facebookresearch/moco README: v2 = --mlp --moco-t 0.2 --aug-plus --cos).
+# cifar_demo: the official CIFAR-10 demo (colab/moco_cifar10_demo.ipynb): a linear head (ResNet-18's
+# fc with 128 outputs), T 0.1, its own augmentation (no blur, crop scale (0.08, 1)), cosine schedule.
 VERSIONS = {
     1: {"head_layers": 1, "temperature": 0.07, "augment": "mocov1", "schedule": "step"},
     2: {"head_layers": 2, "temperature": 0.2, "augment": "mocov2", "schedule": "cosine"},
+    "cifar_demo": {"head_layers": 1, "temperature": 0.1, "augment": "moco_cifar_demo", "schedule": "cosine"},
 }
 
 
 def version_settings(version) -> dict:
     if version not in VERSIONS:
-        raise ValueError(f"config key `version` must be 1 or 2 (MoCo v1 / v2), got {version!r}")
+        raise ValueError(
+            f"config key `version` must be 1, 2 or cifar_demo (MoCo v1 / v2 / the CIFAR-10 demo), "
+            f"got {version!r}"
+        )
     return VERSIONS[version]
 
 
-def moco_head(version: int, feature_dim: int, out_dim: int) -> nn.Sequential:
-    """v1: the backbone's fc replaced by Linear(feature_dim, out_dim); v2: Linear-ReLU-Linear."""
+def moco_head(version: int | str, feature_dim: int, out_dim: int) -> nn.Sequential:
+    """v1 and the demo: the backbone's fc replaced by Linear(feature_dim, out_dim); v2: Linear-ReLU-Linear."""
     layers = version_settings(version)["head_layers"]
     return projection_mlp(feature_dim, feature_dim, out_dim, num_layers=layers)
 

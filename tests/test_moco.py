@@ -7,10 +7,12 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR
+from conftest import METHODS_DIR, REPO
 from torch import nn
 
+from sslbench.augment import ViewConfig, view_config
 from sslbench.backbones import create_backbone
+from sslbench.config import deep_merge, load_yaml, resolve_method_config
 from sslbench.engine import Trainer, build_method, load_data
 from sslbench.losses import info_nce
 from sslbench.method import EpochContext
@@ -18,7 +20,10 @@ from sslbench.momentum import (
     KeyQueue,
     MomentumEncoder,
     SplitBatchNorm2d,
+    check_version,
     fit_queue_size,
+    moco_head,
+    temperature_of,
     use_split_batch_norm,
 )
 
@@ -250,6 +255,68 @@ def test_version_one_has_a_linear_head_and_warns_about_a_v2_recipe(method_config
     assert v2.projector[0].out_features == v2.feature_dim and v2.temperature == 0.2
     with pytest.raises(ValueError, match="version"):
         build(method_config, version=3)
+
+
+# The official CIFAR-10 demo (facebookresearch/moco, colab-notebook branch, colab/moco_cifar10_demo.ipynb):
+# its argparse defaults with the notebook's settings (cos on, symmetric off), the run behind its 82.6%.
+DEMO = dict(arch="resnet18", lr=0.06, epochs=200, cos=True, batch_size=512, wd=5e-4, sgd_momentum=0.9)
+DEMO_MOCO = dict(moco_dim=128, moco_k=4096, moco_m=0.99, moco_t=0.1, bn_splits=8, symmetric=False)
+# train_transform: RandomResizedCrop(32) (scale (0.08, 1), ratio (3/4, 4/3)), RandomHorizontalFlip(0.5),
+# RandomApply([ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), RandomGrayscale(0.2); no blur.
+DEMO_VIEWS = ViewConfig(
+    crop_scale=(0.08, 1.0),
+    crop_ratio=(3 / 4, 4 / 3),
+    flip_p=0.5,
+    jitter_p=0.8,
+    brightness=0.4,
+    contrast=0.4,
+    saturation=0.4,
+    hue=0.1,
+    gray_p=0.2,
+    grey_first=False,
+    blur_p=0.0,
+)
+
+
+def preset_config(name: str) -> dict:
+    """config/<name>.yaml merged over config/default.yaml, as `--configfile` does."""
+    return deep_merge(
+        load_yaml(REPO / "config" / "default.yaml"), load_yaml(REPO / "config" / f"{name}.yaml")
+    )
+
+
+@pytest.mark.parametrize("preset", ["cifar10", "cifar100"])
+def test_cifar_presets_run_moco_with_the_official_demo_settings(preset):
+    cfg = resolve_method_config(preset_config(preset), METHODS_DIR, "moco")
+    train, p = cfg["train"], cfg["params"]
+    assert cfg["backbone"] == {"name": DEMO["arch"], "small_stem": True}  # conv1 3x3 stride 1, no max-pool
+    assert cfg["dataset"]["image_size"] == 32
+    assert (train["optimizer"], train["lr"], train["momentum"], train["weight_decay"]) == (
+        "sgd",
+        DEMO["lr"],
+        DEMO["sgd_momentum"],
+        DEMO["wd"],
+    )
+    assert (train["schedule"], train["warmup_epochs"], train["epochs"], train["batch_size"]) == (
+        "cosine",
+        0,
+        DEMO["epochs"],
+        DEMO["batch_size"],
+    )
+    assert (p["dim"], p["queue_size"], p["momentum"], temperature_of(p), p["bn_splits"]) == (
+        DEMO_MOCO["moco_dim"],
+        DEMO_MOCO["moco_k"],
+        DEMO_MOCO["moco_m"],
+        DEMO_MOCO["moco_t"],
+        DEMO_MOCO["bn_splits"],
+    )
+    assert fit_queue_size(p["queue_size"], train["batch_size"], 50_000) == DEMO_MOCO["moco_k"]  # not shrunk
+    head = moco_head(p["version"], 512, p["dim"])  # the demo's head: resnet18(num_classes=128)'s fc
+    assert [type(m) for m in head] == [nn.Linear] and head[0].bias is not None
+    assert view_config(**cfg["augment"]) == DEMO_VIEWS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the version's recipe matches: no warning
+        check_version(cfg)
 
 
 # --- training ------------------------------------------------------------------------------
