@@ -5,10 +5,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
+from conftest import METHODS_DIR, REPO, fixed_batch_losses, tiny_suite_config
 
+from sslbench.augment import VIEW_PRESETS, view_config
 from sslbench.clustering import sinkhorn, sinkhorn_labels
-from sslbench.engine import Trainer, build_method, load_data, pretrain
+from sslbench.config import deep_merge, load_yaml, resolve_method_config
+from sslbench.engine import Trainer, build_method, learning_rate, load_data, pretrain
 from sslbench.plugins import load_method_class
 
 SeLa = load_method_class(METHODS_DIR / "sela")
@@ -195,3 +197,61 @@ def test_trains_on_tiny_config(tmp_path, method_config):
     losses = fixed_batch_losses(trainer, steps=16, labelled=False)
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.9 * losses[0], losses
+
+
+# --- the recipes ----------------------------------------------------------------------------
+
+
+def preset_config(name: str) -> dict:
+    """config/<name>.yaml merged over config/default.yaml, as `--configfile` does."""
+    return deep_merge(
+        load_yaml(REPO / "config" / "default.yaml"), load_yaml(REPO / "config" / f"{name}.yaml")
+    )
+
+
+def main_py_lr(epoch: int, lr=0.08, lrdrop=150) -> float:
+    """yukimasano/self-label main.py: Optimizer.lr_schedule with its defaults (--lr 0.08, --lrdrop 150)."""
+    return (epoch < 350) * (lr * (0.1 ** (epoch // lrdrop))) + (epoch >= 350) * lr * 0.1**3
+
+
+@pytest.mark.parametrize("preset", ["imagenet", "imagenet100"])
+def test_imagenet_presets_run_self_labels_main_py_recipe(preset):
+    cfg = resolve_method_config(preset_config(preset), METHODS_DIR, "sela")
+    train, p = cfg["train"], cfg["params"]
+    # scripts/resnet.sh: bs 256, nepochs 400, hc 10, ncl 3000, nopts 100; main.py: --wd -5 (10^-5),
+    # --lamb 25, SGD momentum 0.9, quadratic relabelling times
+    assert (train["epochs"], train["batch_size"], train["optimizer"], train["momentum"]) == (
+        400,
+        256,
+        "sgd",
+        0.9,
+    )
+    assert train["weight_decay"] == pytest.approx(10**-5, rel=1e-12) and train["warmup_epochs"] == 0
+    steps_per_epoch = 7
+    for epoch in range(400):
+        for step in (epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch - 1):  # first and last step
+            assert learning_rate(train, step, steps_per_epoch) == pytest.approx(main_py_lr(epoch), rel=1e-12)
+    assert (p["num_heads"], p["num_clusters"], p["lam"], p["num_relabels"], p["relabel_power"]) == (
+        10,
+        3000,
+        25,
+        100,
+        2,
+    )
+    # data.py augs=3: RandomResizedCrop (0.08, 1), RandomGrayscale(0.2), then ColorJitter(0.4, 0.4, 0.4, 0.4)
+    views = view_config(**cfg["augment"])
+    assert views == VIEW_PRESETS["sela"] and views.crop_scale == (0.08, 1.0) and views.grey_first
+
+
+def test_default_recipe_uses_cifar_py_views():
+    # cifar.py: RandomResizedCrop(scale=(0.2, 1)), ColorJitter(0.4, 0.4, 0.4, 0.4), then RandomGrayscale(0.2)
+    cfg = resolve_method_config(tiny_suite_config(), METHODS_DIR, "sela")
+    views = view_config(**cfg["augment"])
+    assert (views.crop_scale, views.grey_first, views.jitter_p, views.hue, views.gray_p, views.blur_p) == (
+        (0.2, 1.0),
+        False,
+        1.0,
+        0.4,
+        0.2,
+        0.0,
+    )
