@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR
+from conftest import METHODS_DIR, REPO
 
+from sslbench.config import deep_merge, load_yaml, resolve_method_config
 from sslbench.engine import Trainer, build_method, load_data
 from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce
 
@@ -146,3 +147,16 @@ def test_training_lowers_the_loss_after_the_first_e_step(tmp_path, method_config
     # Epoch 1 is InfoNCE alone; from epoch 2 on the ProtoNCE terms are added, and they fall.
     assert losses[1] > losses[0] + 1.0
     assert losses[3] < losses[2] - 0.2 and losses[2] < losses[1] - 0.5
+
+
+PRESETS = sorted(p.stem for p in (REPO / "config").glob("*.yaml") if p.stem != "schema")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_runs_the_official_logits_and_says_so(preset):
+    path = REPO / "config" / f"{preset}.yaml"
+    merged = deep_merge(load_yaml(REPO / "config" / "default.yaml"), load_yaml(path))
+    params = resolve_method_config(merged, METHODS_DIR, "pcl")["params"]
+    assert params["proto_logits"] == "official"
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    assert "proto_logits: official" in header
