@@ -32,10 +32,11 @@ The pipeline, per sample:
    sigma * S / 224 on an S-px view, so every size gets the blur of 224 px
    relative to its side.  The kernel follows SimCLR's rule (data_util.py
    random_blur: kernel_size = S // 10, radius = kernel_size // 2, 2 * radius + 1
-   taps; 23 at 224 px), which spans about +-5.6 sigma at the largest sigma at
-   every size.  Below 20 px the rule gives one tap, i.e. no blur, which is what
-   the relative blur amounts to there (sigma <= 0.15 px on 16 px).  Separable,
-   reflect padding (SimCLR pads with zeros; PIL's blur replicates the edge);
+   taps; 23 at 224 px), which spans +-5.5 sigma at the largest sigma (less where
+   S // 10 rounds down: +-3.5 sigma at 32 px).  Below 20 px the rule gives one
+   tap, i.e. no blur, which is what the relative blur amounts to there (sigma
+   <= 0.15 px on 16 px).  Separable, reflect padding (SimCLR pads with zeros;
+   PIL's blur replicates the edge);
 5. normalisation.
 
 The official recipes flip last (MoCo, self-label); flipping commutes with the
