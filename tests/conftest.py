@@ -36,6 +36,7 @@ def pytest_configure(config):
 
 def require(component: str, missing: str | None) -> None:
     """Go on if ``missing`` is None; else skip saying why, or fail where SSLBENCH_REQUIRE names it."""
+    __tracebackhide__ = True  # the skip / failure is reported at the calling test's line
     if component not in COMPONENTS:
         raise ValueError(f"unknown component {component!r}; add it to COMPONENTS in tests/conftest.py")
     if missing is None:
