@@ -96,12 +96,13 @@ def test_fit_resumes_a_killed_run_rather_than_retraining_it(tmp_path, method_con
         assert (at_kill["assignments"] >= 0).all()  # the epoch-0 E-step's clustering is in the state
 
     resumed = Trainer(METHODS_DIR / method, cfg, 0, run, progress=False)
-    starts = []
-    hook = resumed.method.on_epoch_start
-    resumed.method.on_epoch_start = lambda ctx: (
-        starts.append((ctx.epoch, live_state(resumed.method))),
-        hook(ctx),
-    )
+    starts, hook = [], resumed.method.on_epoch_start
+
+    def on_epoch_start(ctx):  # notes where each epoch starts from, then runs the method's own hook
+        starts.append((ctx.epoch, live_state(resumed.method)))
+        hook(ctx)
+
+    resumed.method.on_epoch_start = on_epoch_start
     path = resumed.fit()  # no resume() by hand: fit must find the checkpoint itself
     assert [epoch for epoch, _ in starts] == [1]  # epoch 1 (0-based) only: epoch 0 was not redone
     assert_same_state(starts[0][1], at_kill)
