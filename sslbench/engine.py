@@ -133,6 +133,31 @@ def learning_rate(train: dict, step: int, steps_per_epoch: int) -> float:
     )
 
 
+class CheckpointMismatch(ValueError):
+    """An epoch checkpoint written by other method code than the one running (its keys or shapes differ)."""
+
+
+def state_differences(expected: dict, found: dict) -> list[str]:
+    """How the state dict `found` differs from `expected` in keys and shapes (empty: it loads)."""
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    shape = lambda value: tuple(getattr(value, "shape", ()))
+    shapes = [
+        f"{k} {shape(found[k])} instead of {shape(expected[k])}"
+        for k in expected
+        if k in found and shape(found[k]) != shape(expected[k])
+    ]
+    return [
+        f"{what}: {', '.join(keys)}"
+        for what, keys in [
+            ("keys the code has and the checkpoint lacks", missing),
+            ("keys the checkpoint has and the code lacks", unexpected),
+            ("shapes that differ", shapes),
+        ]
+        if keys
+    ]
+
+
 @dataclass
 class TrainState:
     epoch: int = 0  # completed epochs
@@ -153,6 +178,7 @@ class Trainer:
         progress: bool = True,
     ):
         self.cfg, self.seed, self.out_dir = cfg, seed, Path(out_dir)
+        self.method_dir = Path(method_dir)
         self.train_cfg = cfg["train"]
         self.device = dist.init_from_env(device)
         self.world, self.rank = dist.world_size(), dist.rank()
@@ -269,19 +295,32 @@ class Trainer:
             old.unlink()
 
     def resume(self) -> bool:
-        """Restore the newest checkpoint that loads; a corrupt one is skipped with a warning."""
+        """Restore the newest checkpoint that loads; a corrupt one is skipped with a warning.
+
+        A checkpoint whose state does not fit the method's code (another version of its method.py
+        wrote it) stops the run with CheckpointMismatch before anything is loaded.
+        """
         for path in sorted((self.out_dir / CHECKPOINT_DIR).glob("epoch_*.pt"), reverse=True):
             try:
                 ckpt = torch.load(path, map_location=self.device, weights_only=False)
-                if ckpt.get("cfg") != self.cfg or ckpt.get("seed") != self.seed:
-                    print(f"[sslbench] ignoring {path}: written with other settings")
-                    continue
-                self.method.load_state_dict(ckpt["method_state"])
             except Exception as err:  # truncated or corrupt file: fall back to an older one
                 print(f"[sslbench] ignoring unreadable checkpoint {path}: {type(err).__name__}: {err}")
                 continue
-            if self.optimizer is not None:
+            if ckpt.get("cfg") != self.cfg or ckpt.get("seed") != self.seed:
+                print(f"[sslbench] ignoring {path}: written with other settings")
+                continue
+            # Checked first: load_state_dict copies the matching tensors before it raises on the others.
+            differences = state_differences(self.method.state_dict(), ckpt["method_state"])
+            if differences:
+                raise CheckpointMismatch(
+                    f"{path} does not fit the code of {self.method_dir / 'method.py'} "
+                    f"({'; '.join(differences)}): another version of the method wrote it. Nothing was "
+                    f"loaded. To train from scratch, delete {path.parent}; to resume it, restore the "
+                    "method code that wrote it."
+                )
+            if self.optimizer is not None:  # validates the groups before it changes anything
                 self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.method.load_state_dict(ckpt["method_state"])
             self.state = TrainState(ckpt["epoch"], ckpt["step"], ckpt["last_finite_loss"])
             self.log_rows = ckpt["log"]
             print(f"[sslbench] resumed from {path} (epoch {self.state.epoch})")

@@ -157,11 +157,19 @@ def proto_nce(
     num_negatives: int | None = None,
     generator: torch.Generator | None = None,
     form: str = "official",
+    batch_assignments: torch.Tensor | None = None,
+    first_row: int = 0,
 ) -> torch.Tensor:
     """One clustering's ProtoNCE term.
 
     query [B, D]; prototypes [k, D]; assignments [B] (long, the cluster of
     each query); concentration [k] (phi of each cluster).
+
+    The batch the candidates come from is ``batch_assignments`` when the
+    queries are rows first_row .. first_row + B of a larger batch (under DDP:
+    every rank's assignments, gathered in rank order), else the queries'
+    own. So a rank's loss is its rows of the one-process loss on the whole
+    batch (main_pcl.py builds each GPU's candidates from its own images).
 
     The candidates are the batch's positive prototypes and the negatives: r
     prototypes drawn from those that are nobody's positive
@@ -195,14 +203,19 @@ def proto_nce(
     if assignments.numel() and (assignments.min() < 0 or assignments.max() >= num_prototypes):
         raise ValueError(f"assignments must lie in [0, {num_prototypes}), the prototype ids")
 
+    batch = assignments if batch_assignments is None else batch_assignments.reshape(-1).long()
+    rows = slice(first_row, first_row + query.shape[0])
+    if not torch.equal(batch[rows], assignments):
+        raise ValueError(f"assignments must be rows {rows.start}..{rows.stop} of batch_assignments")
     if num_negatives is None:
-        negative_ids = _prototypes_outside(assignments, num_prototypes)
+        negative_ids = _prototypes_outside(batch, num_prototypes)
     else:
-        negative_ids = sample_negative_prototypes(assignments, num_prototypes, num_negatives, generator)
+        negative_ids = sample_negative_prototypes(batch, num_prototypes, num_negatives, generator)
     if form == "official":
-        positive_ids, targets = assignments, torch.arange(query.shape[0], device=query.device)
+        positive_ids, targets = batch, torch.arange(rows.start, rows.stop, device=query.device)
     else:
-        positive_ids, targets = torch.unique(assignments, return_inverse=True)
+        positive_ids, inverse = torch.unique(batch, return_inverse=True)
+        targets = inverse[rows]
     selected = torch.cat([positive_ids, negative_ids.to(assignments.device)])
     logits = query @ prototypes[selected].T / concentration[None, selected]
     return F.cross_entropy(logits, targets.to(query.device))

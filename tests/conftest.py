@@ -1,6 +1,8 @@
-"""Shared fixtures: a tiny configuration of the real suite (digits, timm's test_resnet, 2 epochs)."""
+"""Shared fixtures: a tiny configuration of the real suite (digits, timm's test_resnet, 2 epochs), and
+``require``: what a test does when a real component of the machine is missing."""
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,37 @@ REPO = Path(__file__).resolve().parent.parent
 METHODS_DIR = REPO / "methods"
 
 torch.set_num_threads(1)  # tests share 2 cores; keep each process on one
+
+# Real components some tests need from the machine. Where one is missing those tests skip and say why,
+# unless SSLBENCH_REQUIRE (comma-separated; .ci/run sets it) names it: then they fail, so that CI cannot
+# go green with its real-component tests skipped.
+COMPONENTS = ("slurm", "chromium", "fashion_mnist", "cxx_compiler")
+
+
+def required_components() -> set[str]:
+    names = {name.strip() for name in os.environ.get("SSLBENCH_REQUIRE", "").split(",") if name.strip()}
+    unknown = sorted(names - set(COMPONENTS))
+    if unknown:
+        raise pytest.UsageError(
+            f"SSLBENCH_REQUIRE names unknown components {unknown}; known: {', '.join(COMPONENTS)}"
+        )
+    return names
+
+
+def pytest_configure(config):
+    required_components()  # a misspelt name would make the requirement vacuous: refuse it at once
+
+
+def require(component: str, missing: str | None) -> None:
+    """Go on if ``missing`` is None; else skip saying why, or fail where SSLBENCH_REQUIRE names it."""
+    __tracebackhide__ = True  # the skip / failure is reported at the calling test's line
+    if component not in COMPONENTS:
+        raise ValueError(f"unknown component {component!r}; add it to COMPONENTS in tests/conftest.py")
+    if missing is None:
+        return
+    if component in required_components():
+        pytest.fail(f"{component} is required here (SSLBENCH_REQUIRE) but {missing}", pytrace=False)
+    pytest.skip(f"no {component}: {missing}")
 
 
 def tiny_suite_config(**train) -> dict:

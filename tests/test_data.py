@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import require
 from PIL import Image
 
 from sslbench import data
@@ -191,11 +192,12 @@ def test_fashion_mnist_missing_files_say_where_and_how(tmp_path, monkeypatch):
     assert "apt-get install dataset-fashion-mnist" in message
 
 
-@pytest.mark.skipif(
-    not (data.FASHION_MNIST_SYSTEM_DIR / "train-images-idx3-ubyte.gz").exists(),
-    reason="Debian package dataset-fashion-mnist not installed",
-)
 def test_fashion_mnist_real_debian_files():
+    files = data.FASHION_MNIST_SYSTEM_DIR / "train-images-idx3-ubyte.gz"
+    require(
+        "fashion_mnist",
+        None if files.exists() else f"{files} is absent (apt-get install dataset-fashion-mnist)",
+    )
     ds = load_dataset("fashion_mnist")
     assert ds.train.images.shape == (60000, 1, 28, 28) and ds.test.images.shape == (10000, 1, 28, 28)
     assert torch.equal(torch.bincount(ds.train.labels), torch.full((10,), 6000))

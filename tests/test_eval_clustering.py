@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import adjusted_mutual_info_score
+from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
 
 from evaluation import clustering
 from evaluation.common import l2_normalize, seed_for
@@ -58,19 +58,27 @@ def test_features_independent_of_labels_give_chance_scores():
         assert abs(metrics[name]) < 0.02, (name, metrics[name])
 
 
-def test_metrics_are_the_mean_over_restarts_with_seeds_derived_from_the_run_seed():
+def test_metrics_are_sklearns_on_each_restart_averaged_with_seeds_derived_from_the_run_seed():
     rng = np.random.default_rng(3)
     x, labels = rng.normal(size=(200, 5)), rng.integers(0, 4, 200)  # no structure: restarts disagree
-    settings = {"restarts": 3, "niter": 10, "overcluster": []}
+    settings = {"restarts": 3, "niter": 10, "overcluster": [2]}
     metrics, _ = clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)
-    per_restart = [
-        adjusted_mutual_info_score(
-            labels, clustering.kmeans_assign(l2_normalize(x), 4, 10, 1, False, seed_for(7, 4, r))
-        )
-        for r in range(3)
-    ]
-    assert len(set(per_restart)) == 3
-    assert metrics["ami"] == pytest.approx(np.mean(per_restart))
+
+    def restarts(k):  # the assignments of each restart, from the seed (seed, k, restart)
+        return [
+            clustering.kmeans_assign(l2_normalize(x), k, 10, 1, False, seed_for(7, k, r)) for r in range(3)
+        ]
+
+    per_restart = {
+        "ami": [adjusted_mutual_info_score(labels, a) for a in restarts(4)],
+        "nmi": [normalized_mutual_info_score(labels, a, average_method="arithmetic") for a in restarts(4)],
+        "ari": [adjusted_rand_score(labels, a) for a in restarts(4)],
+        "ami_k2x": [adjusted_mutual_info_score(labels, a) for a in restarts(8)],
+    }
+    assert metrics.keys() == per_restart.keys()
+    for name, values in per_restart.items():
+        assert len(set(values)) == 3, name  # the restarts differ, so the mean is a real average
+        assert metrics[name] == pytest.approx(np.mean(values), rel=1e-12, abs=1e-12), name
     assert clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)[0] == metrics
     assert clustering.evaluate(feature_dict(x, labels, 4), settings, seed=8)[0] != metrics
 

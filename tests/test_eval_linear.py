@@ -142,3 +142,34 @@ def test_modes_and_settings_errors():
         linear.evaluate(features, {"lr": 30}, seed=0)
     with pytest.raises(ValueError, match="ids outside"):
         linear.evaluate(feature_dict(train, ytr + c, test, yte, c), SMALL_GRID, seed=0)
+
+
+def test_the_same_affine_map_of_every_feature_on_both_splits_changes_nothing():
+    # Standardised with the train statistics, a feature scaled by a and shifted by b on both splits is
+    # the same probe input: an unstandardised L2-penalised fit would change with a and b.
+    train, ytr, test, yte, c = blobs(6)
+    rng = np.random.default_rng(1)
+    scale, shift = 2.0 ** rng.integers(-6, 7, train.shape[1]), rng.normal(0, 50, train.shape[1])
+    metrics, used = linear.evaluate(feature_dict(train, ytr, test, yte, c), SMALL_GRID, seed=0)
+    moved = feature_dict(train * scale + shift, ytr, test * scale + shift, yte, c)
+    moved_metrics, moved_used = linear.evaluate(moved, SMALL_GRID, seed=0)
+    assert moved_metrics == metrics and moved_used["weight_decay"] == used["weight_decay"]
+    assert moved_used["val_top1_per_weight_decay"] == used["val_top1_per_weight_decay"]
+    assert 0.3 < metrics["top1"] < 1.0
+
+
+def test_a_test_image_is_scored_without_the_statistics_of_the_other_test_images():
+    # The test split scored whole must count the hits of its parts scored one by one. The parts have
+    # very different statistics (the second is the first scaled and shifted), so a standardisation that
+    # looked at test features (alone, or pooled with the train split) would move the first part's scores.
+    train, ytr, test, yte, c = blobs(7)
+    parts = [(test, yte), (40 * test + 25, yte)]
+    whole, _ = linear.evaluate(
+        feature_dict(train, ytr, np.concatenate([test, parts[1][0]]), np.concatenate([yte, yte]), c),
+        SMALL_GRID,
+        seed=0,
+    )
+    scored = [linear.evaluate(feature_dict(train, ytr, x, y, c), SMALL_GRID, seed=0)[0] for x, y in parts]
+    for name in ("top1", "top5"):
+        hits = sum(metrics[name] * len(yte) for metrics in scored)
+        assert hits == pytest.approx(whole[name] * 2 * len(yte), abs=1e-9), name

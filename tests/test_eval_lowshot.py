@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import torch
 from sklearn.metrics import average_precision_score
+from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import LinearSVC
 
 from evaluation import lowshot_svm as ls
+from evaluation.common import seed_for
 
 FAST = {"ks": [1, 2, 4, 8], "num_draws": 3, "cost_grid": [0.1, 1.0, 10.0]}
 
@@ -185,3 +187,51 @@ def test_settings_errors():
     }
     with pytest.raises(ValueError, match="difficult"):
         ls.evaluate(swapped, FAST, seed=0)
+
+
+def test_cost_choice_and_spread_over_draws_recomputed_independently():
+    """Each draw's cost redone with VISSL's per-class binary SVMs and sklearn's AP on the same folds
+    (stratified, seeded by the draw), then the test mAP of each draw and its spread with numpy."""
+    features = one_hot_problem(1, noise=0.6)  # overlapping classes: costs and mAPs vary over draws
+    settings = {**FAST, "ks": [2, 4], "num_draws": 4}
+    metrics, used = ls.evaluate(features, settings, seed=2)
+    train = ls.l2_normalise_like_vissl(features["train"].double().numpy())
+    test = ls.l2_normalise_like_vissl(features["test"].double().numpy())
+    ytr, yte = features["train_labels"].numpy(), features["test_labels"].numpy()
+    grid = FAST["cost_grid"]
+
+    def scores(x_fit, y_fit, x_eval, cost):
+        return np.stack(
+            [
+                LinearSVC(C=cost, class_weight={1: 2.0, -1: 1.0}, dual=False, tol=1e-4, max_iter=2000)
+                .fit(x_fit, np.where(y_fit == c, 1, -1))
+                .decision_function(x_eval)
+                for c in range(5)
+            ],
+            axis=1,
+        )
+
+    def class_mean_ap(s, y):
+        return np.mean([average_precision_score(y == c, s[:, c]) for c in range(5) if (y == c).any()])
+
+    costs_seen = set()
+    for k in settings["ks"]:
+        maps = []
+        for d, draw in enumerate(ls.sample_lowshot(ytr, k, settings["num_draws"], seed=2)):
+            folds = StratifiedKFold(
+                n_splits=min(3, k), shuffle=True, random_state=seed_for(seed_for(2, k, d), 0)
+            )
+            cv = np.zeros(len(grid))
+            for fit, val in folds.split(draw, ytr[draw]):
+                for i, cost in enumerate(grid):
+                    s = scores(train[draw[fit]], ytr[draw[fit]], train[draw[val]], cost)
+                    cv[i] += class_mean_ap(s, ytr[draw[val]])
+            best = grid[int(np.flatnonzero(cv >= cv.max() - 1e-9)[0])]  # the smallest of the best
+            assert used["chosen_costs"][f"k{k}"][d] == {"cost": best, "rule": "cv"}, (k, d, cv)
+            costs_seen.add(best)
+            maps.append(class_mean_ap(scores(train[draw], ytr[draw], test, best), yte))
+        expected = {"mean": np.mean(maps), "std": np.std(maps), "min": np.min(maps), "max": np.max(maps)}
+        for stat, value in expected.items():
+            assert metrics[f"map_k{k}_{stat}"] == pytest.approx(value, abs=1e-6), (k, stat)
+        assert np.std(maps) > 0.01  # the draws differ: the spread is not trivially zero
+    assert len(costs_seen) > 1  # the choice is not a constant

@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import METHODS_DIR, tiny_suite_config
 from PIL import Image
 
 from evaluation import semisup
+from sslbench.augment import ViewAugment, view_config
 from sslbench.config import resolve_method_config
 from sslbench.data import ImageSet, load_dataset
 from sslbench.engine import load_data, pretrain
@@ -184,3 +186,39 @@ def test_settings_errors(checkpoint):
         semisup.evaluate(None, {"subset_files": {"1pct": "a.txt"}}, 0, checkpoint_path=checkpoint)
     with pytest.raises(ValueError, match="features have 100 classes"):
         semisup.evaluate({"num_classes": 100}, {}, 0, checkpoint_path=checkpoint)
+
+
+def test_finetuning_steps_are_sgd_with_momentum_a_tenfold_head_lr_and_a_cosine_schedule(checkpoint):
+    """Two steps on one batch, redone by hand: parameter p moves by -lr_t * m * buffer, buffer =
+    momentum * buffer + grad, lr_t = lr * (1 + cos(pi t / T)) / 2 (1 then 1/2 for T = 2), m = 1 for
+    the backbone and 10 for the head. Views without augmentation, so both see the same inputs."""
+    ckpt, data = read_checkpoint(checkpoint), load_data(read_checkpoint(checkpoint)["cfg"])
+    used = {**semisup.DEFAULTS, "augment": {"preset": "none"}}
+    norm = ckpt["normalisation"]
+    augment = ViewAugment(data.image_size, data.channels, norm["mean"], norm["std"], view_config("none"))
+    labelled = semisup.part(data.train, np.arange(24))  # one batch (batch size 32) per epoch
+    lr, steps, cpu = 0.05, 2, torch.device("cpu")
+
+    def finetuned(epochs):
+        return semisup.finetune(ckpt, labelled, 10, lr, epochs, augment, used, 3, cpu)
+
+    model, expected = finetuned(steps), finetuned(0)  # epochs = 0: the initial backbone and head
+    assert semisup.cosine(0, steps) == 1.0 and semisup.cosine(1, steps) == pytest.approx(0.5)
+    x, y = augment(labelled.images, torch.Generator()), labelled.labels
+    buffers = [torch.zeros_like(p) for p in expected.parameters()]
+    backbone_params = {id(p) for p in expected[0].parameters()}
+    for t in range(steps):
+        expected.zero_grad()
+        F.cross_entropy(expected(x), y).backward()  # train mode: batch norm on this batch, as finetune
+        lr_t = lr * (1 + math.cos(math.pi * t / steps)) / 2
+        with torch.no_grad():
+            for p, buffer in zip(expected.parameters(), buffers):
+                buffer.mul_(0.9).add_(p.grad)
+                p.sub_(lr_t * (1.0 if id(p) in backbone_params else 10.0) * buffer)
+    moved = 0
+    for (name, got), want, start in zip(
+        model.named_parameters(), expected.parameters(), finetuned(0).parameters()
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=name)
+        moved += int(not torch.equal(got, start))
+    assert moved == len(buffers)  # every parameter took part (none frozen)

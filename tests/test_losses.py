@@ -318,6 +318,37 @@ def test_proto_nce_with_all_remaining_negatives_matches_hand_computation(seed):
     assert loss.item() == pytest.approx(expected / 7, rel=1e-9)
 
 
+@pytest.mark.parametrize("form", PROTO_NCE_FORMS)
+@pytest.mark.parametrize("num_negatives", [None, 3])
+def test_proto_nce_on_row_blocks_of_a_batch_averages_to_the_whole_batch_loss(form, num_negatives):
+    """Under DDP each rank passes its rows and the whole batch's assignments: the mean of the
+    blocks' losses is the one-process loss (every block sees the same candidates)."""
+    g = torch.Generator().manual_seed(3)
+    k = 16
+    query, prototypes = unit_rows(g, 8, 5), unit_rows(g, k, 5)
+    assignments = torch.tensor([0, 1, 1, 2, 4, 4, 4, 7])
+    phi = 0.05 + torch.rand(k, generator=g, dtype=torch.float64)
+
+    def loss(rows, **batch):
+        return proto_nce(
+            query[rows],
+            prototypes,
+            assignments[rows],
+            phi,
+            num_negatives,
+            torch.Generator().manual_seed(9),
+            form=form,
+            **batch,
+        )
+
+    whole = loss(slice(0, 8))
+    blocks = [loss(slice(i, i + 4), batch_assignments=assignments, first_row=i) for i in (0, 4)]
+    assert float(sum(blocks) / 2) == pytest.approx(float(whole), rel=1e-12)
+    if form == "official" or num_negatives is not None:  # eq. 10 over all prototypes ignores the batch
+        alone = loss(slice(4, 8))  # a block's own candidates make another loss
+        assert float(alone) != pytest.approx(float(blocks[1]), rel=1e-6)
+
+
 @pytest.mark.parametrize("num_negatives", [None, 3])
 def test_proto_nce_gradients_flow_to_query(num_negatives):
     g = torch.Generator().manual_seed(0)

@@ -125,6 +125,23 @@ def test_shuffled_key_forward_returns_keys_in_batch_order():
     torch.testing.assert_close(encoder(x), reference)
 
 
+def test_single_process_keys_come_from_a_shuffled_batch_through_split_batch_norm():
+    # Two BN groups (samples i mod 2): which images share a group changes the keys, so only a forward
+    # of the shuffled batch, unshuffled after, gives net(x[p])[argsort(p)] for the permutation p drawn.
+    net = use_split_batch_norm(
+        nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 5)), 2
+    )
+    encoder = MomentumEncoder([net], momentum=0.9).train()
+    x = torch.randn(16, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(3)
+    keys = encoder(x)
+    torch.manual_seed(3)
+    p = torch.randperm(16)  # the draw the encoder made
+    torch.testing.assert_close(keys, encoder.net(x[p])[torch.argsort(p)])
+    assert not torch.allclose(keys, encoder.net(x), atol=1e-3)  # an unshuffled forward differs
+    assert not torch.allclose(keys, encoder.net(x[p]), atol=1e-3)  # and so do keys left shuffled
+
+
 # --- the queue ---------------------------------------------------------------------------
 
 

@@ -95,20 +95,35 @@ def test_e_step_gives_unit_prototypes_concentrations_of_mean_t_and_assigns_every
     assert (nearest == method.assignments[0]).float().mean() > 0.9
 
 
-def test_negative_prototypes_are_r_distinct_non_positives(tmp_path, method_config):
+def test_protonce_with_r_negatives_contrasts_the_batch_positives_and_the_drawn_negatives(
+    tmp_path, method_config
+):
+    """The loss redone from the ids the method drew: for each granularity, query i against the batch's
+    positive prototypes (one per query, repeats kept) then the r drawn negatives, each logit divided
+    by its prototype's concentration, target column i (main_pcl.py / pcl/builder.py)."""
     r = 100  # <= min(num_clusters) - batch = 136
     t = trainer(tmp_path, method_config, warmup_epochs=0, num_clusters=[200, 300], num_negatives=r)
+    method = t.method.train()
     e_step(t)
+    draws = []
     for seed in range(3):
+        queue = method.queue.keys.clone()
+        queries, keys = capture_outputs(method.projector), capture_outputs(method.key_encoder)
         views, indices = batch(t, seed)
-        loss = t.method.training_loss(views, None, indices)
-        assert math.isfinite(loss.item())
-        for m, k in enumerate([200, 300]):
-            negatives = t.method.last_negative_ids[m]
-            positives = set(t.method.assignments[m][indices].tolist())
+        loss = method.training_loss(views, None, indices)
+        q, k = F.normalize(queries[-1], dim=1), F.normalize(keys[-1], dim=1)
+        terms = []
+        for m, num_clusters in enumerate([200, 300]):
+            negatives, positives = method.last_negative_ids[m], method.assignments[m][indices]
             assert len(negatives) == r and len(set(negatives.tolist())) == r
-            assert not positives & set(negatives.tolist())
-            assert 0 <= negatives.min() and negatives.max() < k
+            assert not set(positives.tolist()) & set(negatives.tolist())
+            assert 0 <= negatives.min() and negatives.max() < num_clusters
+            candidates = torch.cat([positives, negatives])
+            logits = q @ method.prototype(m)[candidates].T / method.phi(m)[candidates]
+            terms.append(F.cross_entropy(logits, torch.arange(len(q))))
+            draws.append(negatives)
+        torch.testing.assert_close(loss, info_nce(q, k, queue, method.temperature) + sum(terms) / 2)
+    assert not torch.equal(draws[0], draws[2])  # a fresh draw at every step
 
 
 def test_infeasible_settings_are_rejected(method_config):

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO
+from conftest import REPO, require
 from matplotlib import image as mpimg
 
 from sslbench.features import save_features
@@ -461,13 +461,15 @@ def test_missing_inputs_name_the_file(tmp_path, report):
 CHROMIUM = "/usr/bin/chromium"
 
 
-@pytest.mark.skipif(
-    not os.path.exists(CHROMIUM),
-    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium); CI installs it",
-)
 def test_report_renders_in_headless_chromium(report, tmp_path):
     """A screenshot with content and no console error. The page has no script, so the console can only
     report resources that failed; Chromium logs console messages to stderr with --enable-logging."""
+    require(
+        "chromium",
+        None
+        if os.path.exists(CHROMIUM)
+        else f"{CHROMIUM} is absent (apt-get install chromium; CI installs it)",
+    )
     shot = tmp_path / "report.png"
     run = subprocess.run(
         [

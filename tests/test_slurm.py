@@ -1,7 +1,8 @@
 """The workstation and SLURM profiles: planned with -n, and run for real through a local one-node SLURM.
 
 The real run needs Debian's slurmctld/slurmd/munge (.ci/install-slurm.sh) and root; without them it skips
-with the reason. The dry runs need only snakemake and snakemake-executor-plugin-slurm.
+with the reason (it fails where SSLBENCH_REQUIRE names slurm, as in CI). The dry runs need only snakemake
+and snakemake-executor-plugin-slurm.
 """
 
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, tiny_suite_config
+from conftest import REPO, require, tiny_suite_config
 from slurm_cluster import PARTITION, LocalSlurm, SlurmBusy, why_unavailable
 
 pytestmark = pytest.mark.slow
@@ -181,16 +182,14 @@ def local_test_profile(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def slurm_and_local_runs(tmp_path_factory):
     """The tiny config run locally and through SLURM; yields both folders, the cluster and timings."""
-    reason = why_unavailable()
-    if reason:
-        pytest.skip(f"no local SLURM: {reason}")
+    require("slurm", why_unavailable())
     base = tmp_path_factory.mktemp("slurm")
     cluster = LocalSlurm(base / "cluster")
     try:
         try:
             cluster.start()
         except SlurmBusy as busy:
-            pytest.skip(str(busy))
+            require("slurm", str(busy))
         local = workflow_copy(base / "local")
         on_slurm = workflow_copy(base / "on_slurm")
         local_test_profile(on_slurm)

@@ -113,16 +113,22 @@ class PCL(Method):
         return loss + torch.stack(proto_terms).mean()
 
     def proto_nce_term(self, q, m, positives):
+        # Candidates from the whole batch (every rank's positives), so that under DDP each rank's loss
+        # is its rows of the one-process loss.
+        batch = dist.gather(positives)
+        first_row = dist.rank() * positives.shape[0]
+        common = dict(form=self.proto_logits, batch_assignments=batch, first_row=first_row)
         if self.num_negatives is None:
-            return proto_nce(q, self.prototype(m), positives, self.phi(m), form=self.proto_logits)
-        # A fresh generator seeded from the global RNG (checkpointed by the engine, so resumes
-        # repeat the draw); the same seed replays the draw to keep the ids for inspection.
-        seed = int(torch.randint(0, 2**62, ()))
+            return proto_nce(q, self.prototype(m), positives, self.phi(m), **common)
+        # A fresh generator seeded from the global RNG (re-seeded per epoch by the engine, so resumes
+        # repeat the draw), rank 0's seed on every rank: one draw for the whole batch. The same seed
+        # replays the draw to keep the ids for inspection.
+        seed = int(dist.broadcast(torch.randint(0, 2**62, ())))
         k = self.num_clusters[m]
         if len(self.last_negative_ids) < len(self.num_clusters):
             self.last_negative_ids = [None] * len(self.num_clusters)
         self.last_negative_ids[m] = sample_negative_prototypes(
-            positives, k, self.num_negatives, torch.Generator().manual_seed(seed)
+            batch, k, self.num_negatives, torch.Generator().manual_seed(seed)
         )
         return proto_nce(
             q,
@@ -131,7 +137,7 @@ class PCL(Method):
             self.phi(m),
             self.num_negatives,
             torch.Generator().manual_seed(seed),
-            form=self.proto_logits,
+            **common,
         )
 
     def on_step_end(self, ctx):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sslbench import distributed as dist
 from sslbench.clustering import equipartition_labels, sinkhorn_labels
 from sslbench.method import Method
 
@@ -100,6 +101,9 @@ class SeLa(Method):
                 for h in range(self.num_heads)
             ]
         ).to(self.labels.device)
+        # Every rank has the same features, but its own arithmetic: rank 0's labels for all, so that no
+        # rank trains on labels of its own (non-deterministic GPU kernels can tip an argmax).
+        dist.broadcast(new)
         changed = int((new != self.labels).sum())
         self.labels.copy_(new)
         return changed
