@@ -1,42 +1,51 @@
 # sslbench: pretrain -> extract -> evaluate -> collect -> report.
 # Thin by design: every rule calls the `sslbench` CLI, where the logic is tested.
 import json
+import os
 import sys
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
-from sslbench.config import (method_problems, preflight, resolve_method_config, selected_methods,
-                             validate_config)
+from sslbench.config import (ConfigError, method_problems, preflight, resolve_method_config,
+                             selected_methods, validate_config)
+from sslbench.errors import expected_errors
 
 min_version("9.0")
 
-BASE = Path(workflow.basedir)  # anchors methods/ and config/ so --directory and test configs work
+# methods/ and config/ sit beside this file (so -s and --directory work), but every path the DAG
+# sees (params, inputs, shell arguments) is relative to the working directory: Snakemake compares
+# them with the last run's, and an absolute path would retrain everything in a moved checkout.
+BASE = Path(os.path.relpath(Path(workflow.basedir).resolve(), Path.cwd().resolve()))
 METHODS_DIR = BASE / "methods"
 
 configfile: BASE / "config" / "default.yaml"
-# Our own schema check: errors name the key and the config file that set it.
-validate_config(config, BASE / "config" / "schema.yaml",
-                [BASE / "config" / "default.yaml", *workflow.overwrite_configfiles])
-
-DATASET = config["dataset"].get("label") or config["dataset"]["name"]
-METHODS = selected_methods(config, METHODS_DIR)
-# Broken method folders are caught here, before any training, and left out of the DAG. Unless
-# --keep-going is given, the run then stops before its first job (onstart); with it, the other
-# methods run and results/failures.csv names the broken ones.
-FAILED = method_problems(METHODS_DIR, METHODS)
-FAILED_MESSAGE = "\n".join(f"  methods/{m}: {why}" for m, why in FAILED.items())
-if FAILED:
-    print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)
-    METHODS = [m for m in METHODS if m not in FAILED]
+# Our errors (config, method folders, data) print their message alone; SSLBENCH_DEBUG=1 adds the traceback.
+with expected_errors("sslbench"):
+    # Our own schema check: errors name the key and the config file that set it.
+    validate_config(config, BASE / "config" / "schema.yaml",
+                    [BASE / "config" / "default.yaml", *workflow.overwrite_configfiles])
+    DATASET = config["dataset"].get("label") or config["dataset"]["name"]
+    METHODS = selected_methods(config, METHODS_DIR)
+    # Broken method folders are caught here, before any training, and left out of the DAG. Unless
+    # --keep-going is given, the run then stops before its first job (onstart); with it, the other
+    # methods run and results/failures.csv names the broken ones.
+    FAILED = method_problems(METHODS_DIR, METHODS)
+    FAILED_MESSAGE = "\n".join(f"  methods/{m}: {why}" for m, why in FAILED.items())
+    if FAILED:
+        print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)
+        METHODS = [m for m in METHODS if m not in FAILED]
+    # The resolved settings of each method: a param, so changing them reruns its jobs.
+    METHOD_CONFIGS = {m: json.dumps(resolve_method_config(config, METHODS_DIR, m), sort_keys=True)
+                      for m in METHODS}
 
 
 onstart:
-    preflight(config)  # unknown backbone, missing or truncated dataset files: before any job runs
-    if FAILED and not workflow.execution_settings.keep_going:
-        raise WorkflowError(f"broken method folder(s):\n{FAILED_MESSAGE}\nFix them, or run with "
-                            "--keep-going to run the other methods (results/failures.csv will name these).")
+    with expected_errors("sslbench"):
+        preflight(config)  # unknown backbone, missing or truncated dataset files: before any job runs
+        if FAILED and not workflow.execution_settings.keep_going:
+            raise ConfigError(f"broken method folder(s):\n{FAILED_MESSAGE}\nFix them, or run with "
+                              "--keep-going to run the other methods (results/failures.csv will name these).")
 SEEDS = config["seeds"]
 PROTOCOLS = config["protocols"]
 RUN = "results/{dataset}/{method}/seed{seed}"
@@ -55,8 +64,7 @@ wildcard_constraints:
 
 
 def method_config(wildcards):
-    """The resolved settings of one method: a param, so changing them reruns its jobs."""
-    return json.dumps(resolve_method_config(config, METHODS_DIR, wildcards.method), sort_keys=True)
+    return METHOD_CONFIGS[wildcards.method]
 
 
 def method_sources(wildcards):

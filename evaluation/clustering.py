@@ -12,7 +12,7 @@ import faiss
 import numpy as np
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
 
-from .common import check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
+from .common import ProtocolError, check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
 
 PROTOCOL = "clustering"
 DEFAULTS: dict = {
@@ -45,7 +45,7 @@ def kmeans_assign(x: np.ndarray, k: int, niter: int, nredo: int, spherical: bool
 def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float], dict]:
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if int(used["restarts"]) < 1 or int(used["niter"]) < 1 or int(used["nredo"]) < 1:
-        raise ValueError("clustering: restarts, niter and nredo must all be >= 1")
+        raise ProtocolError("clustering: restarts, niter and nredo must all be >= 1")
     data = unpack_features(features)
     x = np.ascontiguousarray(l2_normalize(data["test"]))
     labels, num_classes = data["test_labels"], data["num_classes"]

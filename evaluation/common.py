@@ -8,7 +8,13 @@ import os
 
 import numpy as np
 
+from sslbench.errors import SslbenchError
+
 FEATURE_KEYS = ("train", "train_labels", "test", "test_labels", "num_classes")
+
+
+class ProtocolError(SslbenchError, ValueError):
+    """A protocol's settings or inputs do not fit; the message names the setting or the file."""
 
 
 def available_threads() -> int:
@@ -23,7 +29,7 @@ def resolve_settings(settings: dict | None, defaults: dict, protocol: str) -> di
     settings = dict(settings or {})
     unknown = sorted(set(settings) - set(defaults))
     if unknown:
-        raise ValueError(
+        raise ProtocolError(
             f"{protocol}: unknown setting(s) {unknown}; known settings are {sorted(defaults)}. "
             "Fix the protocol settings in the config file."
         )
@@ -45,47 +51,49 @@ def unpack_features(features: dict, allow_multilabel: bool = False) -> dict:
     """
     missing = [key for key in FEATURE_KEYS if key not in features]
     if missing:
-        raise ValueError(
+        raise ProtocolError(
             f"feature dict is missing key(s) {missing}; it needs {list(FEATURE_KEYS)} "
             "(rerun `sslbench extract` to rebuild features.pt)"
         )
     num_classes = int(features["num_classes"])
     if num_classes < 2:
-        raise ValueError(f"feature dict: num_classes={num_classes}, a protocol needs at least 2 classes")
+        raise ProtocolError(f"feature dict: num_classes={num_classes}, a protocol needs at least 2 classes")
     out = {"num_classes": num_classes}
     for split in ("train", "test"):
         x = np.ascontiguousarray(to_numpy(features[split], split), dtype=np.float32)
         y = to_numpy(features[f"{split}_labels"], f"{split}_labels").astype(np.int64)
         if x.ndim != 2 or len(x) == 0:
-            raise ValueError(
+            raise ProtocolError(
                 f"feature dict: '{split}' must be a non-empty [N, D] matrix, got shape {x.shape}"
             )
         if not np.isfinite(x).all():
-            raise ValueError(f"feature dict: '{split}' holds non-finite values; re-extract the features")
+            raise ProtocolError(f"feature dict: '{split}' holds non-finite values; re-extract the features")
         if len(y) != len(x):
-            raise ValueError(f"feature dict: '{split}' has {len(x)} rows but '{split}_labels' has {len(y)}")
+            raise ProtocolError(
+                f"feature dict: '{split}' has {len(x)} rows but '{split}_labels' has {len(y)}"
+            )
         _check_labels(y, num_classes, f"{split}_labels", allow_multilabel)
         out[split], out[f"{split}_labels"] = x, y
     if out["train"].shape[1] != out["test"].shape[1]:
-        raise ValueError(
+        raise ProtocolError(
             f"feature dict: train dim {out['train'].shape[1]} != test dim {out['test'].shape[1]}"
         )
     if out["train_labels"].ndim != out["test_labels"].ndim:
-        raise ValueError("feature dict: train and test labels differ in kind (one multilabel, one not)")
+        raise ProtocolError("feature dict: train and test labels differ in kind (one multilabel, one not)")
     return out
 
 
 def _check_labels(y: np.ndarray, num_classes: int, name: str, allow_multilabel: bool) -> None:
     if y.ndim == 2 and allow_multilabel:
         if y.shape[1] != num_classes or not np.isin(y, (-1, 0, 1)).all():
-            raise ValueError(
+            raise ProtocolError(
                 f"feature dict: multilabel '{name}' must be [N, {num_classes}] with values in {{1, 0, -1}}"
             )
         return
     if y.ndim != 1:
-        raise ValueError(f"feature dict: '{name}' must be a vector of class ids, got shape {y.shape}")
+        raise ProtocolError(f"feature dict: '{name}' must be a vector of class ids, got shape {y.shape}")
     if y.min() < 0 or y.max() >= num_classes:
-        raise ValueError(
+        raise ProtocolError(
             f"feature dict: '{name}' holds ids outside [0, {num_classes}) (range {y.min()}..{y.max()})"
         )
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from .common import check_metrics, l2_normalize, resolve_settings, topk_accuracy, unpack_features
+from .common import (
+    ProtocolError,
+    check_metrics,
+    l2_normalize,
+    resolve_settings,
+    topk_accuracy,
+    unpack_features,
+)
 
 PROTOCOL = "knn"
 DEFAULTS: dict = {
@@ -37,7 +44,7 @@ def knn_classify(
 
 def check_variant(k: int, temperature: float) -> None:
     if k < 1 or temperature <= 0:
-        raise ValueError(f"knn: need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
+        raise ProtocolError(f"knn: need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
 
 
 def nearest_neighbours(
@@ -85,13 +92,13 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     data = unpack_features(features)
     metrics, variants = {}, []
     if not used["variants"]:
-        raise ValueError(
+        raise ProtocolError(
             "knn: `evaluation.knn.variants` is empty; give at least one {k: ..., temperature: ...}"
         )
     for variant in used["variants"]:
         unknown = set(variant) - {"k", "temperature"}
         if unknown or not {"k", "temperature"} <= set(variant):
-            raise ValueError(f"knn: each variant needs exactly keys 'k' and 'temperature', got {variant}")
+            raise ProtocolError(f"knn: each variant needs exactly keys 'k' and 'temperature', got {variant}")
         check_variant(int(variant["k"]), float(variant["temperature"]))
     # One search at the largest k serves every variant: the k nearest are the first k of the list.
     largest = max(int(v["k"]) for v in used["variants"])

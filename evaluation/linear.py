@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import check_metrics, resolve_settings, seed_for, topk_accuracy, unpack_features
+from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy, unpack_features
 
 PROTOCOL = "linear"
 NEEDS_CHECKPOINT = True  # mode "paper" reads the checkpoint; mode "cached" ignores it
@@ -118,7 +118,9 @@ def select_weight_decay(
     """
     fit_idx, val_idx = stratified_holdout(labels, used["val_fraction"], seed)
     if len(val_idx) == 0:
-        raise ValueError("linear: no class has 2 train samples, so no held-out part can choose weight decay")
+        raise ProtocolError(
+            "linear: no class has 2 train samples, so no held-out part can choose weight decay"
+        )
     fit_x, val_x = standardise(train[fit_idx], train[val_idx])
     fit_y = torch.as_tensor(labels[fit_idx], device=train.device)
     val_top1 = []
@@ -136,9 +138,9 @@ def evaluate(
         return evaluate_paper(settings, seed, checkpoint_path)
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if used["mode"] != "cached":
-        raise ValueError(f"linear: unknown mode {used['mode']!r}; known modes are 'cached' and 'paper'")
+        raise ProtocolError(f"linear: unknown mode {used['mode']!r}; known modes are 'cached' and 'paper'")
     if not used["weight_decay_grid"] or not 0 < used["val_fraction"] < 1:
-        raise ValueError("linear: weight_decay_grid must be non-empty and 0 < val_fraction < 1")
+        raise ProtocolError("linear: weight_decay_grid must be non-empty and 0 < val_fraction < 1")
     used["weight_decay_grid"] = sorted(float(w) for w in used["weight_decay_grid"])
 
     data = unpack_features(features)
@@ -222,7 +224,7 @@ def fit_frozen_probe(
                 features = backbone(augment(train.load(idx).to(device), view_gen))
             loss = F.cross_entropy(head(features.float()), labels[idx.to(device)])
             if not torch.isfinite(loss):
-                raise ValueError(
+                raise ProtocolError(
                     f"linear (paper): the loss became {loss.item()} in epoch {epoch + 1}; "
                     f"lower the setting `lr` (now {used['lr']})"
                 )
@@ -243,7 +245,7 @@ def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
         f"{PROTOCOL} (mode 'paper')",
     )
     if used["epochs"] < 0 or used["batch_size"] < 1 or used["lr"] <= 0:
-        raise ValueError("linear (paper): settings need epochs >= 0, batch_size >= 1 and lr > 0")
+        raise ProtocolError("linear (paper): settings need epochs >= 0, batch_size >= 1 and lr > 0")
     used["milestones"] = sorted(int(m) for m in used["milestones"])
     return used, ignored
 
@@ -256,7 +258,7 @@ def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str
 
     used, ignored = resolve_paper_settings(settings)
     if checkpoint_path is None:
-        raise ValueError(
+        raise ProtocolError(
             "linear: mode 'paper' trains on images through the frozen backbone and needs the "
             "checkpoint: pass checkpoint_path (`sslbench evaluate --checkpoint ...`)"
         )
@@ -264,7 +266,7 @@ def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str
     ckpt = read_checkpoint(checkpoint_path, "cpu")
     data = load_data(ckpt["cfg"])
     if data.multilabel:
-        raise ValueError(
+        raise ProtocolError(
             f"linear (paper): {data.name} is multilabel; this protocol needs one class per image"
         )
     norm = ckpt["normalisation"]

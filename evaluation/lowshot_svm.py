@@ -30,7 +30,15 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import LinearSVC
 
-from .common import available_threads, check_metrics, resolve_settings, seed_for, to_numpy, unpack_features
+from .common import (
+    ProtocolError,
+    available_threads,
+    check_metrics,
+    resolve_settings,
+    seed_for,
+    to_numpy,
+    unpack_features,
+)
 
 PROTOCOL = "lowshot_svm"
 DEFAULTS: dict = {
@@ -253,18 +261,18 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     used["ks"] = sorted(int(k) for k in used["ks"])
     used["cost_grid"] = sorted(float(c) for c in used["cost_grid"])
     if not used["ks"] or not used["cost_grid"] or int(used["num_draws"]) < 1 or int(used["cv_folds"]) < 2:
-        raise ValueError("lowshot_svm: ks and cost_grid must be non-empty, num_draws >= 1, cv_folds >= 2")
+        raise ProtocolError("lowshot_svm: ks and cost_grid must be non-empty, num_draws >= 1, cv_folds >= 2")
     data = unpack_features(features, allow_multilabel=True)
     train_labels, test_labels = data["train_labels"], data["test_labels"]
     multilabel = train_labels.ndim == 2
     if multilabel and (train_labels == DIFFICULT).sum() > (train_labels == NEGATIVE).sum():
-        raise ValueError(
+        raise ProtocolError(
             "lowshot_svm: multilabel train targets hold more 0 (difficult) than -1 (absent) entries; "
             "expected the VOC devkit codes 1 present / -1 absent / 0 difficult (VISSL's files use "
             "0 absent / -1 difficult: convert them)"
         )
     if not multilabel and np.bincount(train_labels, minlength=data["num_classes"]).min() == 0:
-        raise ValueError("lowshot_svm: some class has no train sample, so no k-shot set exists")
+        raise ProtocolError("lowshot_svm: some class has no train sample, so no k-shot set exists")
     x = l2_normalise_like_vissl(data["train"].astype(np.float64))
     x_test = l2_normalise_like_vissl(data["test"].astype(np.float64))
     sampler = sample_lowshot_multilabel if multilabel else sample_lowshot
@@ -272,7 +280,9 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     largest = max_feasible_k(train_labels)
     ks_run = [k for k in used["ks"] if k <= largest]
     if not ks_run:
-        raise ValueError(f"lowshot_svm: no k in {used['ks']} fits; the smallest class allows k <= {largest}")
+        raise ProtocolError(
+            f"lowshot_svm: no k in {used['ks']} fits; the smallest class allows k <= {largest}"
+        )
 
     def run_draw(k: int, d: int, draw) -> dict:
         """Choose the cost, fit, and score one low-shot draw (independent of every other draw)."""

@@ -43,9 +43,10 @@ from sslbench.augment import EvalTransform, ViewAugment, view_config
 from sslbench.data import Dataset, ImageSet
 from sslbench.distributed import select_device
 from sslbench.engine import load_data
+from sslbench.errors import SslbenchError
 from sslbench.features import embed, load_encoder, read_checkpoint
 
-from .common import check_metrics, resolve_settings, seed_for, topk_accuracy
+from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy
 from .linear import new_head, stratified_holdout
 
 PROTOCOL = "semisup"
@@ -67,7 +68,7 @@ DEFAULTS: dict = {
 }
 
 
-class FineTuneDiverged(RuntimeError):
+class FineTuneDiverged(SslbenchError, RuntimeError):
     pass
 
 
@@ -94,25 +95,25 @@ def read_subset_file(path: str | Path, train: ImageSet) -> np.ndarray:
     entries = [line.strip() for line in path.read_text().splitlines()]
     entries = [e for e in entries if e and not e.startswith("#")]
     if not entries:
-        raise ValueError(f"semisup: subset file {path} is empty")
+        raise ProtocolError(f"semisup: subset file {path} is empty")
     if all(e.lstrip("-").isdigit() for e in entries):
         indices = np.array([int(e) for e in entries], dtype=np.int64)
         bad = indices[(indices < 0) | (indices >= len(train))]
         if len(bad):
-            raise ValueError(
+            raise ProtocolError(
                 f"semisup: subset file {path} holds indices {bad[:5].tolist()} outside the "
                 f"train split [0, {len(train)})"
             )
     else:
         indices = _indices_of_names(entries, train, path)
     if len(np.unique(indices)) != len(indices):
-        raise ValueError(f"semisup: subset file {path} lists some images twice")
+        raise ProtocolError(f"semisup: subset file {path} lists some images twice")
     return np.sort(indices)
 
 
 def _indices_of_names(names: list[str], train: ImageSet, path: Path) -> np.ndarray:
     if train.paths is None:
-        raise ValueError(
+        raise ProtocolError(
             f"semisup: subset file {path} lists file names, but this dataset's train split is "
             "held in memory without file names; list train indices instead"
         )
@@ -121,13 +122,13 @@ def _indices_of_names(names: list[str], train: ImageSet, path: Path) -> np.ndarr
         index_of.setdefault(Path(p).name, []).append(i)
     missing = [n for n in names if n not in index_of]
     if missing:
-        raise ValueError(
+        raise ProtocolError(
             f"semisup: subset file {path}: {len(missing)} name(s) are not in the train split, "
             f"e.g. {missing[:3]}"
         )
     ambiguous = [n for n in names if len(index_of[n]) > 1]
     if ambiguous:
-        raise ValueError(
+        raise ProtocolError(
             f"semisup: subset file {path}: names {ambiguous[:3]} match several train files; "
             "list train indices instead"
         )
@@ -151,7 +152,7 @@ def labelled_subsets(train: ImageSet, used: dict, seed: int, out_dir: Path) -> t
         subsets = draw_subsets(train.labels.numpy(), seed)
     else:
         if not isinstance(sources, dict) or set(sources) != set(FRACTIONS):
-            raise ValueError(
+            raise ProtocolError(
                 f"semisup: setting `subset_files` must map exactly {sorted(FRACTIONS)} to files, "
                 f"got {sources!r}"
             )
@@ -301,15 +302,15 @@ def check_settings(used: dict) -> None:
         or set(epochs) != set(FRACTIONS)
         or any(int(e) < 0 for e in epochs.values())
     ):
-        raise ValueError(
+        raise ProtocolError(
             f"semisup: setting `epochs` must map {sorted(FRACTIONS)} to epochs >= 0, got {epochs!r}"
         )
     if not used["lr_grid"] or any(lr <= 0 for lr in used["lr_grid"]):
-        raise ValueError(
+        raise ProtocolError(
             f"semisup: setting `lr_grid` must be a non-empty list of positive lrs, got {used['lr_grid']}"
         )
     if not 0 < used["val_fraction"] < 1 or used["batch_size"] < 2:
-        raise ValueError("semisup: settings need 0 < val_fraction < 1 and batch_size >= 2")
+        raise ProtocolError("semisup: settings need 0 < val_fraction < 1 and batch_size >= 2")
 
 
 def run_semisup(
@@ -320,7 +321,7 @@ def run_semisup(
     check_settings(used)
     used["lr_grid"] = sorted(float(lr) for lr in used["lr_grid"])
     if data.multilabel:
-        raise ValueError(f"semisup: {data.name} is multilabel; fine-tuning here needs one class per image")
+        raise ProtocolError(f"semisup: {data.name} is multilabel; fine-tuning here needs one class per image")
     device = select_device(used["device"])
     norm = ckpt["normalisation"]
     views = view_config(**used["augment"])
@@ -342,7 +343,7 @@ def run_semisup(
             how = "top-1 on a stratified held-out part of this labelled subset; ties -> smaller lr"
         if lr is None:
             if not selection:
-                raise ValueError(
+                raise ProtocolError(
                     f"semisup: the {name} subset has one image per class, so no lr can be chosen on "
                     "held-out labels; give `lr_grid` a single value"
                 )
@@ -382,7 +383,7 @@ def evaluate(
 ) -> tuple[dict[str, float], dict]:
     """The protocol entry: `features` is only cross-checked (the images are fine-tuned on)."""
     if checkpoint_path is None:
-        raise ValueError(
+        raise ProtocolError(
             "semisup fine-tunes the backbone and needs the checkpoint: pass checkpoint_path "
             "(`sslbench evaluate --checkpoint ...`)"
         )
@@ -390,7 +391,7 @@ def evaluate(
     ckpt = read_checkpoint(checkpoint_path, "cpu")
     data = load_data(ckpt["cfg"])
     if features is not None and int(features["num_classes"]) != data.num_classes:
-        raise ValueError(
+        raise ProtocolError(
             f"semisup: the features have {features['num_classes']} classes but {checkpoint_path}'s "
             f"dataset has {data.num_classes}; re-extract the features"
         )

@@ -1,20 +1,24 @@
 """Atomic writes: a temporary file in the same folder, fsync, then rename.
 
-A reader (or a killed job) therefore sees either the old file or the new one,
-never half of one.
+A reader (or a killed job, or a full disk) therefore sees either the old file or the new one,
+never half of one. The file gets the permissions a plain ``open()`` would give it (0666 less the
+umask), so collaborators on shared storage can read what a run wrote.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .errors import SslbenchError
 
-class OutputError(OSError):
+
+class OutputError(SslbenchError, OSError):
     pass
 
 
@@ -22,7 +26,9 @@ def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        # Not tempfile.mkstemp: it creates mode 0600 whatever the umask.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     except OSError as err:
         raise OutputError(
             f"cannot write {path}: {err.strerror}. Check that {path.parent} exists, is writable "
@@ -45,7 +51,7 @@ def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
     return path
 
 
-def _remove_quietly(tmp: str) -> None:
+def _remove_quietly(tmp: Path) -> None:
     try:
         os.unlink(tmp)
     except OSError:
@@ -67,4 +73,8 @@ def write_json(path: str | Path, obj: Any) -> Path:
 def save_torch(path: str | Path, obj: Any) -> Path:
     import torch
 
-    return _atomic(path, lambda f: torch.save(obj, f), "wb")
+    # Serialised in memory first: torch's zip writer turns a failed write (a full disk) into a
+    # RuntimeError that names no file, where a plain write raises the OSError handled above.
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return write_bytes(path, buffer.getvalue())

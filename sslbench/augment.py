@@ -65,6 +65,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import ConfigError
+
 # ITU-R 601-2 luma weights (torchvision's rgb_to_grayscale rounds red to 0.2989).
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
 
@@ -223,14 +225,17 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
 def view_config(preset: str = "mocov2", **overrides) -> ViewConfig:
     """A preset from VIEW_PRESETS with some fields replaced."""
     if preset not in VIEW_PRESETS:
-        raise ValueError(f"unknown view preset {preset!r}; choose one of {sorted(VIEW_PRESETS)}")
+        raise ConfigError(f"unknown view preset {preset!r}; choose one of {sorted(VIEW_PRESETS)}")
     fields = {f.name for f in dataclasses.fields(ViewConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"unknown ViewConfig key(s) {unknown} for preset {preset!r}; valid keys: {sorted(fields)}"
         )
-    return dataclasses.replace(VIEW_PRESETS[preset], **overrides)
+    try:
+        return dataclasses.replace(VIEW_PRESETS[preset], **overrides)
+    except ValueError as err:  # ViewConfig's checks of the values an `augment:` section set
+        raise ConfigError(f"`augment` settings: {err}") from err
 
 
 def blur_kernel_size(image_size: int) -> int:

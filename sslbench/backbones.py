@@ -10,8 +10,10 @@ from __future__ import annotations
 import timm
 from torch import nn
 
+from .errors import SslbenchError
 
-class BackboneError(ValueError):
+
+class BackboneError(SslbenchError, ValueError):
     pass
 
 

@@ -179,7 +179,7 @@ def run_bench(
     cfg, config_files = load_bench_config(config)
     threads = int(threads or usable_cores())
     if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
     sizes = sizes or (Sizes().quick() if quick else Sizes())
     malloc = pin_malloc_thresholds() if pin_malloc else "default"
     rows: list[dict] = []
@@ -230,7 +230,7 @@ def check_sections(sections: Iterable[str]) -> list[str]:
     wanted = [sections] if isinstance(sections, str) else list(sections)
     unknown = [s for s in wanted if s not in SECTIONS]
     if unknown or not wanted:
-        raise ValueError(
+        raise ConfigError(
             f"unknown benchmark section(s) {unknown or '(none given)'}; choose from {list(SECTIONS)}"
         )
     return [s for s in SECTIONS if s in wanted]  # a fixed order, each once

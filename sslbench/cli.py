@@ -1,4 +1,8 @@
-"""``sslbench pretrain|extract|evaluate|collect|report``: the commands the Snakefile runs; ``bench``."""
+"""``sslbench pretrain|extract|evaluate|collect|report``: the commands the Snakefile runs; ``bench``.
+
+An error we expect (a bad config, missing data, a diverged run, an unreadable file) prints its
+message alone and exits with status 1; set SSLBENCH_DEBUG=1 to see its traceback as well.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,16 @@ import json
 import os
 import sys
 
+from .errors import expected_errors
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def json_argument(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err})") from err
 
 
 def _threads(n: int | None) -> None:
@@ -24,7 +37,7 @@ def cmd_pretrain(args) -> None:
 
     pretrain(
         args.method_dir,
-        json.loads(args.config_json),
+        args.config_json,
         args.seed,
         args.out,
         device=args.device,
@@ -44,7 +57,7 @@ def cmd_evaluate(args) -> None:
     run_protocol(
         args.protocol,
         args.features,
-        json.loads(args.settings_json),
+        args.settings_json,
         args.seed,
         args.out,
         checkpoint_path=args.checkpoint,
@@ -56,7 +69,7 @@ def cmd_collect(args) -> None:
 
     table = collect(args.results, args.out)
     if args.failures:
-        write_failures(args.failures, json.loads(args.failed_json))
+        write_failures(args.failures, args.failed_json)
     print(f"[sslbench] {len(table)} rows -> {args.out}")
 
 
@@ -89,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("pretrain", help="train one method with one seed")
     p.add_argument("--method-dir", required=True)
-    p.add_argument("--config-json", required=True, help="the resolved method config (JSON)")
+    p.add_argument(
+        "--config-json", required=True, type=json_argument, help="the resolved method config (JSON)"
+    )
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--out", required=True, help="run folder: checkpoint.pt, train_log.csv, run.json")
     p.set_defaults(func=cmd_pretrain)
@@ -102,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("evaluate", help="one evaluation protocol on extracted features")
     p.add_argument("--protocol", required=True)
     p.add_argument("--features", required=True)
-    p.add_argument("--settings-json", default="{}")
+    p.add_argument("--settings-json", default="{}", type=json_argument)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", required=True)
@@ -111,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("collect", help="result JSONs -> long-format table.csv")
     p.add_argument("--out", required=True)
     p.add_argument("--failures", default=None, help="CSV naming the method folders that could not run")
-    p.add_argument("--failed-json", default="{}", help="{method: problem}")
+    p.add_argument("--failed-json", default="{}", type=json_argument, help="{method: problem}")
     p.add_argument("results", nargs="*")
     p.set_defaults(func=cmd_collect)
 
@@ -142,11 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     _threads(args.threads)
-    try:
+    with expected_errors(f"sslbench {args.command}"):  # other exceptions are bugs: their traceback stays
         args.func(args)
-    except (ValueError, OSError) as err:  # our errors say what to fix; no traceback deep in torch
-        print(f"sslbench {args.command}: error: {err}", file=sys.stderr)
-        return 1
     return 0
 
 

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import yaml
 
+from .errors import SslbenchError
 
-class ConfigError(ValueError):
+
+class ConfigError(SslbenchError, ValueError):
     pass
 
 

@@ -27,8 +27,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from .errors import SslbenchError
 
-class DatasetError(ValueError):
+
+class DatasetError(SslbenchError, ValueError):
     """A dataset is unknown, missing or damaged; the message names the paths and the fix."""
 
 

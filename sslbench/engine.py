@@ -21,7 +21,9 @@ from . import distributed as dist
 from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
 from .backbones import create_backbone
 from .batches import batch_source
+from .config import ConfigError
 from .data import Dataset, load_dataset
+from .errors import SslbenchError
 from .method import DataInfo, EpochContext, Method
 from .plugins import load_method_class
 from .provenance import provenance
@@ -30,7 +32,7 @@ CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(SslbenchError, RuntimeError):
     pass
 
 
@@ -110,7 +112,7 @@ def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> t
         )
     if name == "adamw":
         return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
-    raise ValueError(f"config key `train.optimizer`: unknown optimiser {name!r}; known: sgd, adamw")
+    raise ConfigError(f"config key `train.optimizer`: unknown optimiser {name!r}; known: sgd, adamw")
 
 
 def learning_rate(train: dict, step: int, steps_per_epoch: int) -> float:
@@ -128,7 +130,7 @@ def learning_rate(train: dict, step: int, steps_per_epoch: int) -> float:
         return base * 0.1 ** sum(epoch >= m for m in train.get("milestones", []))
     if schedule == "constant":
         return base
-    raise ValueError(
+    raise ConfigError(
         f"config key `train.schedule`: unknown schedule {schedule!r}; known: cosine, step, constant"
     )
 
@@ -205,12 +207,12 @@ class Trainer:
         self.labels = self.data.train.labels.to(self.device)
         self.batch_size = int(self.train_cfg["batch_size"])
         if self.batch_size > len(self.labels):
-            raise ValueError(
+            raise ConfigError(
                 f"config key `train.batch_size` = {self.batch_size} exceeds the {len(self.labels)} training "
                 f"images of {cfg['dataset']['name']}; use a batch size of at most {len(self.labels)}"
             )
         if self.batch_size % self.world:
-            raise ValueError(
+            raise ConfigError(
                 f"config key `train.batch_size` = {self.batch_size} (the global batch) must be "
                 f"divisible by the {self.world} processes"
             )

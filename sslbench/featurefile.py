@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from . import atomic
+from .errors import unreadable
 
 
 def save_features(path: str | Path, features: dict) -> Path:
@@ -25,7 +26,7 @@ def load_features(path: str | Path) -> dict:
         with np.load(path, allow_pickle=False) as npz:
             out = {k: npz[k] for k in npz.files if k != "meta_json"}
             out["meta"] = json.loads(str(npz["meta_json"]))
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"{path}: unreadable features ({err}); delete it and rerun snakemake") from err
+    except Exception as err:  # a truncated zip raises BadZipFile, EOFError, ValueError, ...
+        raise unreadable(path, "features file", err) from err
     out["num_classes"] = int(out["num_classes"])
     return out

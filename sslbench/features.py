@@ -15,6 +15,7 @@ from .augment import EvalTransform
 from .backbones import create_backbone
 from .distributed import select_device
 from .engine import load_data
+from .errors import unreadable
 from .featurefile import load_features, save_features  # noqa: F401  (re-exported)
 from .provenance import provenance
 
@@ -33,11 +34,8 @@ def load_encoder(checkpoint: dict) -> torch.nn.Module:
 def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict:
     try:
         return torch.load(path, map_location=device, weights_only=False)
-    except Exception as err:
-        raise ValueError(
-            f"{path}: unreadable checkpoint ({type(err).__name__}: {err}). Delete it and rerun snakemake "
-            "to retrain this run."
-        ) from err
+    except Exception as err:  # whatever a truncated zip or pickle raises
+        raise unreadable(path, "checkpoint", err) from err
 
 
 @torch.inference_mode()

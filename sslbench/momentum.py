@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import distributed as dist
+from .config import ConfigError
 from .method import projection_mlp
 
 # What each MoCo version changes (facebookresearch/moco README: v2 = --mlp --moco-t 0.2 --aug-plus --cos).
@@ -40,7 +41,7 @@ VERSIONS = {
 
 def version_settings(version) -> dict:
     if version not in VERSIONS:
-        raise ValueError(
+        raise ConfigError(
             f"config key `version` must be 1, 2 or cifar_demo (MoCo v1 / v2 / the CIFAR-10 demo), "
             f"got {version!r}"
         )
@@ -96,7 +97,7 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         n, c, h, w = x.shape
         s = self.num_splits
         if n % s:
-            raise ValueError(
+            raise ConfigError(
                 f"SplitBatchNorm2d: batch of {n} is not divisible into {s} splits "
                 "(config key `bn_splits` must divide the batch size)"
             )
@@ -148,7 +149,7 @@ def use_split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
             device = next((t.device for t in child.state_dict().values()), torch.device("cpu"))
             setattr(module, name, split.to(device))
         elif isinstance(child, _BatchNorm) and not isinstance(child, SplitBatchNorm2d):
-            raise ValueError(
+            raise ConfigError(
                 f"bn_splits = {num_splits} needs plain nn.BatchNorm2d layers, but {name!r} is a "
                 f"{type(child).__name__}; set config key `bn_splits: 1`"
             )
@@ -159,7 +160,7 @@ def use_split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
 
 def check_bn_splits(num_splits, batch_size: int) -> int:
     if not isinstance(num_splits, int) or num_splits < 1 or batch_size % num_splits:
-        raise ValueError(
+        raise ConfigError(
             f"config key `bn_splits` = {num_splits!r} must be a positive integer dividing the batch size "
             f"{batch_size} of each process (`train.batch_size` / number of processes)"
         )
@@ -175,7 +176,7 @@ class MomentumEncoder(nn.Module):
     def __init__(self, online: Sequence[nn.Module], momentum: float):
         super().__init__()
         if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"config key `momentum` must lie in [0, 1], got {momentum}")
+            raise ConfigError(f"config key `momentum` must lie in [0, 1], got {momentum}")
         self.momentum = float(momentum)
         self.net = nn.Sequential(*(copy.deepcopy(m) for m in online))
         for p in self.net.parameters():
@@ -251,10 +252,10 @@ def fit_queue_size(requested: int, keys_per_step: int, num_train: int) -> int:
     negatives). A change is announced with a warning; a dataset too small for one batch of
     negatives is an error."""
     if not isinstance(requested, int) or requested < 1:
-        raise ValueError(f"config key `queue_size` must be a positive integer, got {requested!r}")
+        raise ConfigError(f"config key `queue_size` must be a positive integer, got {requested!r}")
     fitted = min(requested, num_train - keys_per_step) // keys_per_step * keys_per_step
     if fitted < keys_per_step:
-        raise ValueError(
+        raise ConfigError(
             f"{num_train} training images are too few for a queue of at least one batch of "
             f"{keys_per_step} keys next to the batch itself; lower `train.batch_size`"
         )

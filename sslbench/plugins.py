@@ -7,10 +7,11 @@ import inspect
 import sys
 from pathlib import Path
 
+from .errors import SslbenchError
 from .method import REQUIRED_HOOKS, Method
 
 
-class PluginError(ValueError):
+class PluginError(SslbenchError, ValueError):
     pass
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from . import atomic
+from .errors import SslbenchError, unreadable
 from .stats import (
     HEADLINE,
     MISSING,
@@ -44,7 +45,7 @@ KMEANS_NITER = 20
 MAX_ESTEP_PANELS = 6
 
 
-class ReportInputError(FileNotFoundError):
+class ReportInputError(SslbenchError, FileNotFoundError):
     pass
 
 
@@ -60,14 +61,22 @@ class Run:
     log: pd.DataFrame = field(repr=False)
 
 
+def read_csv_file(path: Path, what: str, **options) -> pd.DataFrame:
+    """A CSV this project wrote (each ends with a newline, so a cut-off last line means truncated)."""
+    try:
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            raise ValueError("the last line is cut off")
+        return pd.read_csv(io.BytesIO(data), **options)
+    except (OSError, ValueError, pd.errors.ParserError) as err:  # EmptyDataError is a ValueError
+        raise unreadable(path, what, err) from err
+
+
 def read_table(results_dir: Path) -> pd.DataFrame:
     path = results_dir / "table.csv"
     if not path.is_file():
         raise ReportInputError(f"{path}: not found; build it first with `snakemake results/table.csv`")
-    try:
-        table = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise TableError(f"{path}: unreadable ({err}); delete it and rerun snakemake") from err
+    table = read_csv_file(path, "table")
     if table.empty:
         raise TableError(f"{path}: holds no results; run at least one method and protocol first")
     return check_table(table, str(path))
@@ -88,14 +97,9 @@ def read_run(results_dir: Path, dataset: str, method: str, seed: int) -> Run:
     try:
         record = json.loads(run_json.read_text())
         cfg, meta = record["cfg"], record["meta"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise TableError(
-            f"{run_json}: unreadable or without cfg/meta ({err}); delete the run folder and rerun snakemake"
-        ) from err
-    try:
-        log = pd.read_csv(log_csv)
-    except pd.errors.EmptyDataError:  # a method that does not train (the untrained floor) logs no epoch
-        log = pd.DataFrame(columns=["epoch", "loss", "images_per_s"])
+    except (OSError, ValueError, KeyError, TypeError) as err:  # ValueError: cut-off JSON, not text
+        raise unreadable(run_json, "run record", err) from err
+    log = read_csv_file(log_csv, "training log")
     return Run(dataset, method, seed, folder, cfg, meta, log)
 
 
@@ -588,7 +592,7 @@ def configs_html(runs: list[Run]) -> str:
 def read_failures(path: Path) -> pd.DataFrame:
     """results/failures.csv (method, problem), or an empty frame where there is none."""
     if path.exists() and path.stat().st_size:
-        return pd.read_csv(path, dtype=str)
+        return read_csv_file(path, "failures list", dtype=str)
     return pd.DataFrame(columns=["method", "problem"])
 
 

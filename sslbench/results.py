@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import atomic
+from .errors import SslbenchError, unreadable
 from .provenance import provenance
 
 PROTOCOL_PACKAGE = "evaluation"
@@ -25,7 +26,7 @@ PROTOCOL_PACKAGE = "evaluation"
 KEY_COLUMNS = ["dataset", "method", "seed", "protocol", "metric", "value"]
 
 
-class ResultError(ValueError):
+class ResultError(SslbenchError, ValueError):
     pass
 
 
@@ -112,12 +113,19 @@ def read_result(path: str | Path) -> dict:
     try:
         with open(path) as f:
             return json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ResultError(f"{path}: unreadable result ({err}); delete it and rerun snakemake") from err
+    except (OSError, ValueError) as err:  # ValueError: cut-off JSON, or bytes that are not text
+        raise unreadable(path, "result", err) from err
+
+
+def read_result_rows(path: str | Path) -> list[dict]:
+    try:
+        return result_rows(read_result(path))
+    except (KeyError, TypeError, AttributeError) as err:  # valid JSON, but not a result of this code
+        raise unreadable(path, "result", err) from err
 
 
 def collect(result_paths: list[str | Path], out_path: str | Path) -> pd.DataFrame:
-    rows = [row for path in sorted(map(str, result_paths)) for row in result_rows(read_result(path))]
+    rows = [row for path in sorted(map(str, result_paths)) for row in read_result_rows(path)]
     table = pd.DataFrame(rows)
     if not table.empty:
         rest = sorted(c for c in table.columns if c not in KEY_COLUMNS)

@@ -21,6 +21,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from .config import PAPER_FIELDS, ConfigError, deep_merge, load_yaml, paper_entries, resolve_method_config
+from .errors import SslbenchError
 
 ALPHA = 0.05
 MISSING = "—"
@@ -38,7 +39,7 @@ HEADLINE = [
 ]
 
 
-class TableError(ValueError):
+class TableError(SslbenchError, ValueError):
     pass
 
 

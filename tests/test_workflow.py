@@ -34,16 +34,20 @@ def workflow(tmp_path_factory):
     return root
 
 
-def snakemake(root: Path, *args: str) -> subprocess.CompletedProcess:
+UMASK = 0o002  # not the usual 022: outputs must follow the umask, not a fixed mode
+
+
+def snakemake(root: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     # The rules call the `sslbench` console script: put this interpreter's bin folder first on PATH.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(
-        [*SNAKEMAKE, "--configfile", "tiny.yaml", *args],
-        cwd=root,
+        [*SNAKEMAKE, "--configfile", str(root / "tiny.yaml"), *args],
+        cwd=cwd or root,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
+        umask=UMASK,
     )
 
 
@@ -89,6 +93,38 @@ def test_dag_shows_pretrain_extract_evaluate_collect(workflow):
 def test_rerun_with_nothing_changed_does_no_work(workflow):
     out = snakemake(workflow, "-n", "--cores", "2")
     assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_a_moved_or_copied_checkout_plans_no_work(workflow, tmp_path):
+    """Every path the DAG sees is relative to the working directory: renaming the whole folder, or
+    copying it (results/ and .snakemake/ with it) elsewhere, retrains nothing."""
+    moved = workflow.with_name(workflow.name + "_moved")
+    workflow.rename(moved)
+    try:
+        out = snakemake(moved, "-n", "--cores", "2")
+    finally:
+        moved.rename(workflow)
+    assert "Nothing to be done" in out.stdout + out.stderr, out.stdout + out.stderr
+
+    copy = tmp_path / "another" / "mount"
+    shutil.copytree(workflow, copy, symlinks=True)  # keeps modification times, as cp -a or rsync -a do
+    out = snakemake(
+        copy, "-s", str(copy / "Snakefile"), "--directory", str(copy), "-n", "--cores", "2", cwd=tmp_path
+    )
+    assert "Nothing to be done" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_every_output_has_the_mode_the_umask_gives(workflow):
+    """Files written atomically (tables, report, figures, checkpoints, features) are readable by
+    whoever the umask allows, like every file snakemake itself writes."""
+    modes = {
+        str(p.relative_to(workflow / "results")): p.stat().st_mode & 0o777
+        for p in (workflow / "results").rglob("*")
+        if p.is_file()
+    }
+    for name in ("report.html", "table.csv", "figures/digits_bars.png", "digits/simclr/seed0/checkpoint.pt"):
+        assert name in modes, sorted(modes)
+    assert {name for name, mode in modes.items() if mode != 0o666 & ~UMASK} == set(), modes
 
 
 def test_report_and_tables_are_written(workflow):

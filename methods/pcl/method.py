@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from sslbench import distributed as dist
 from sslbench.clustering import concentration, kmeans
+from sslbench.config import ConfigError
 from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes
 from sslbench.method import Method
 from sslbench.momentum import moco_components, temperature_of
@@ -146,12 +147,12 @@ class PCL(Method):
 
 def check_num_clusters(num_clusters, num_train: int) -> list[int]:
     if not isinstance(num_clusters, (list, tuple)) or not num_clusters:
-        raise ValueError(
+        raise ConfigError(
             f"config key `num_clusters` must be a non-empty list of cluster counts, got {num_clusters!r}"
         )
     counts = [int(k) for k in num_clusters]
     if any(not 1 <= k <= num_train for k in counts):
-        raise ValueError(
+        raise ConfigError(
             f"config key `num_clusters` = {counts}: each count must lie in [1, {num_train}] "
             f"(the number of training images); lower the counts for this dataset"
         )
@@ -164,7 +165,7 @@ def check_num_negatives(r, num_clusters: list[int], batch_size: int) -> int | No
         return None
     limit = min(num_clusters) - batch_size
     if not isinstance(r, int) or not 1 <= r <= limit:
-        raise ValueError(
+        raise ConfigError(
             f"config key `num_negatives` = {r!r}: negatives are drawn from the prototypes no image of the "
             "batch is assigned to, so r must lie in [1, min(num_clusters) - batch_size = "
             f"{limit}]; lower it, "
@@ -175,7 +176,7 @@ def check_num_negatives(r, num_clusters: list[int], batch_size: int) -> int | No
 
 def check_proto_logits(form) -> str:
     if form not in PROTO_NCE_FORMS:
-        raise ValueError(
+        raise ConfigError(
             f"config key `proto_logits` = {form!r}: choose one of {list(PROTO_NCE_FORMS)} "
             "(official: one column per image of the batch, as pcl/builder.py; paper_eq10: each "
             "prototype once)"

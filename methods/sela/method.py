@@ -25,6 +25,7 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.clustering import equipartition_labels, sinkhorn_labels
+from sslbench.config import ConfigError
 from sslbench.method import Method
 
 
@@ -37,7 +38,7 @@ class SeLa(Method):
         p = cfg["params"]
         self.num_heads, self.num_clusters = int(p["num_heads"]), int(p["num_clusters"])
         if self.num_heads < 1 or not 1 <= self.num_clusters <= info.num_train:
-            raise ValueError(
+            raise ConfigError(
                 f"methods/sela/config.yaml: need num_heads >= 1 and 1 <= num_clusters <= "
                 f"{info.num_train} (the training images); got {self.num_heads}, {self.num_clusters}"
             )
@@ -65,12 +66,12 @@ class SeLa(Method):
         epochs and undoes the 2-3-2-3 wobble rounding puts into slowly growing gaps.
         """
         if num_epochs < 1 or count < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"SeLa relabel schedule needs train.epochs >= 1 and num_relabels >= 1, "
                 f"got {num_epochs} and {count}"
             )
         if power < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"methods/sela/config.yaml: relabel_power must be >= 1 (denser early), got {power}"
             )
         count = min(int(count), int(num_epochs))
