@@ -7,20 +7,19 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
-from sslbench.config import (method_problems, preflight, resolve_method_config, selected_methods,
-                             validate_config)
+from sslbench.config import dataset_label, load_config, method_problems, preflight, resolve_runs, selected_methods
 
 min_version("9.0")
 
 BASE = Path(workflow.basedir)  # anchors methods/ and config/ so --directory and test configs work
 METHODS_DIR = BASE / "methods"
 
-configfile: BASE / "config" / "default.yaml"
-# Our own schema check: errors name the key and the config file that set it.
-validate_config(config, BASE / "config" / "schema.yaml",
-                [BASE / "config" / "default.yaml", *workflow.overwrite_configfiles])
+# The one merge rule of every reader of the settings (sslbench.config.load_config): default.yaml,
+# the --configfile presets in order, then --config; checked against config/schema.yaml, errors name
+# the key and the file that set it.
+config.update(load_config(BASE / "config", workflow.overwrite_configfiles, workflow.config_settings.config))
 
-DATASET = config["dataset"].get("label") or config["dataset"]["name"]
+DATASET = dataset_label(config)
 METHODS = selected_methods(config, METHODS_DIR)
 # Broken method folders are caught here, before any training, and left out of the DAG. Unless
 # --keep-going is given, the run then stops before its first job (onstart); with it, the other
@@ -30,6 +29,7 @@ FAILED_MESSAGE = "\n".join(f"  methods/{m}: {why}" for m, why in FAILED.items())
 if FAILED:
     print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)
     METHODS = [m for m in METHODS if m not in FAILED]
+RUNS = resolve_runs(config, METHODS_DIR, METHODS)  # {(dataset, method): the run's resolved settings}
 
 
 onstart:
@@ -55,8 +55,8 @@ wildcard_constraints:
 
 
 def method_config(wildcards):
-    """The resolved settings of one method: a param, so changing them reruns its jobs."""
-    return json.dumps(resolve_method_config(config, METHODS_DIR, wildcards.method), sort_keys=True)
+    """The resolved settings of one run: a param, so changing them reruns its jobs."""
+    return json.dumps(RUNS[wildcards.dataset, wildcards.method], sort_keys=True)
 
 
 def method_sources(wildcards):

@@ -48,15 +48,7 @@ import pandas as pd
 import torch
 
 from . import atomic
-from .config import (
-    ConfigError,
-    deep_merge,
-    discover_methods,
-    load_yaml,
-    resolve_method_config,
-    selected_methods,
-    validate_config,
-)
+from .config import ConfigError, discover_methods, load_config, resolve_method_config, selected_methods
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS_DIR = REPO / "methods"
@@ -239,19 +231,14 @@ def check_sections(sections: Iterable[str]) -> list[str]:
 def load_bench_config(config: str | Path | dict | None) -> tuple[dict, list[Path] | None]:
     """The config and the preset files merged over config/default.yaml (None for a dict), which
     the dag section hands to snakemake."""
-    default = CONFIG_DIR / "default.yaml"
     if isinstance(config, dict):
         return config, None
-    files = [default] if config is None else [default, Path(config)]
+    presets = [] if config is None else [Path(config)]
     if config is not None and not Path(config).is_file():
         raise FileNotFoundError(
             f"benchmark config {config}: no such file; pass a preset such as config/<preset>.yaml"
         )
-    merged: dict = {}
-    for file in files:
-        merged = deep_merge(merged, load_yaml(file))
-    validate_config(merged, CONFIG_DIR / "schema.yaml", files)
-    return merged, files[1:]
+    return load_config(CONFIG_DIR, presets), presets
 
 
 def bench_methods(config: dict, wanted: list[str] | None) -> list[str]:

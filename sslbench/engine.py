@@ -21,6 +21,7 @@ from . import distributed as dist
 from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
 from .backbones import create_backbone
 from .batches import batch_source
+from .config import dataset_label
 from .data import Dataset, load_dataset
 from .method import DataInfo, EpochContext, Method
 from .plugins import load_method_class
@@ -72,11 +73,6 @@ def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) ->
         image_size=data.image_size,
     )
     return cls(backbone, info, cfg)
-
-
-def dataset_label(cfg: dict) -> str:
-    """The name results and tables use: ``dataset.label`` (e.g. imagenet100) or the loader's name."""
-    return cfg["dataset"].get("label") or cfg["dataset"]["name"]
 
 
 def load_data(cfg: dict) -> Dataset:

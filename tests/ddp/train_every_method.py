@@ -8,22 +8,22 @@ import sys
 from pathlib import Path
 
 import torch
-import yaml
 
 from sslbench import distributed as dist
-from sslbench.config import resolve_method_config
+from sslbench.config import load_config, resolve_runs
 from sslbench.engine import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 out_root, methods = Path(sys.argv[1]), sys.argv[2:]
 torch.set_num_threads(1)
 
-config = yaml.safe_load((REPO / "config" / "default.yaml").read_text())
-config["dataset"]["image_size"] = 8
-config["train"].update(epochs=1, batch_size=64)
-config["method_overrides"] = {"pcl": {"warmup_epochs": 0}}  # so that the E-step runs in this one epoch
-for method in methods:
-    cfg = resolve_method_config(config, REPO / "methods", method)
+tiny = {
+    "dataset": {"image_size": 8},
+    "train": {"epochs": 1, "batch_size": 64},
+    "method_overrides": {"pcl": {"warmup_epochs": 0}},  # so that the E-step runs in this one epoch
+}
+runs = resolve_runs(load_config(REPO / "config", overrides=tiny), REPO / "methods", methods)
+for (_, method), cfg in runs.items():
     trainer = Trainer(REPO / "methods" / method, cfg, 0, out_root / method, device="cpu", progress=False)
     trainer.fit()
     dist.barrier()
