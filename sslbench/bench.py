@@ -398,7 +398,7 @@ class BareLoop:
 
     def __init__(self, trainer):
         from .backbones import create_backbone
-        from .engine import make_optimizer
+        from .loop import make_optimizer
 
         cfg = trainer.cfg
         torch.manual_seed(trainer.seed)  # as build_method: the same initial weights
@@ -467,7 +467,7 @@ def make_views(
 
 def method_step(trainer, ctx, views: list[torch.Tensor], idx: torch.Tensor) -> None:
     """The engine's own step (Trainer.train_step), views excluded."""
-    from .engine import learning_rate
+    from .loop import learning_rate
 
     trainer.train_step(
         views, idx, learning_rate(trainer.train_cfg, trainer.state.step, trainer.steps_per_epoch), ctx
@@ -641,13 +641,14 @@ def exp_vote_weights(cosine_distances: np.ndarray, temperature: float) -> np.nda
 def bench_knn(bench: Bench) -> list[dict]:
     from sklearn.neighbors import KNeighborsClassifier
 
-    from evaluation.knn import DEFAULTS, knn_classify
+    from .results import protocol_module
 
+    knn = protocol_module("knn")
     s = bench.sizes
     rng = np.random.default_rng(bench.seed)
     train, test = random_features(s.knn_train, s.dim, rng), random_features(s.knn_test, s.dim, rng)
     labels = rng.integers(0, s.classes, s.knn_train)
-    variants = bench.config.get("evaluation", {}).get("knn", {}).get("variants", DEFAULTS["variants"])
+    variants = bench.config.get("evaluation", {}).get("knn", {}).get("variants", knn.DEFAULTS["variants"])
     shape = f"{s.knn_train} train x {s.knn_test} test x {s.dim}-d, {s.classes} classes, random float32"
     rows = []
     for variant in variants:
@@ -655,7 +656,7 @@ def bench_knn(bench: Bench) -> list[dict]:
         out: dict = {}
 
         def ours(_):
-            seconds, scores = timed(lambda: knn_classify(train, labels, test, k, temperature, s.classes))
+            seconds, scores = timed(lambda: knn.knn_classify(train, labels, test, k, temperature, s.classes))
             out["ours"] = scores.argmax(axis=1)
             return seconds
 

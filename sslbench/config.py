@@ -135,7 +135,7 @@ def preflight(config: dict) -> None:
     """Checks that need torch/timm or the data: run once before the first job, not at every plan."""
     import timm
 
-    from .data import DatasetError, load_dataset
+    from .data import DatasetError, load_data
 
     name = config["backbone"]["name"]
     if name not in timm.list_models():
@@ -146,13 +146,7 @@ def preflight(config: dict) -> None:
     data = config["dataset"]
     if data["name"] != "imagefolder":  # an ImageNet-size folder is checked by its first job instead
         try:
-            load_dataset(
-                data["name"],
-                root=data.get("root"),
-                download=data.get("download", False),
-                image_size=data.get("image_size"),
-                **data.get("options", {}),
-            )
+            load_data(config)
         except DatasetError as err:
             raise ConfigError(f"config key `dataset`: {err}") from err
 

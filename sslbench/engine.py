@@ -1,14 +1,14 @@
-"""The one training loop every method shares.
+"""The one pretraining loop every method shares.
 
 The engine owns: data order and views, the optimiser and its schedule, devices
 (bf16 autocast and channels_last on CUDA), per-epoch atomic checkpoints and
-resume, the epoch log, and divergence checks.  A method only computes its loss
+resume, the epoch log, and divergence checks (the pieces it shares with the
+protocols' loops are in ``sslbench.loop``).  A method only computes its loss
 and hooks the start of an epoch and the end of a step (see ``sslbench.method``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,17 +22,14 @@ from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
 from .backbones import create_backbone
 from .batches import batch_source
 from .config import dataset_label
-from .data import Dataset, load_dataset
+from .data import Dataset, load_data
+from .loop import autocast, check_finite, learning_rate, make_optimizer, shuffled_batches
 from .method import DataInfo, EpochContext, Method
 from .plugins import load_method_class
 from .provenance import provenance
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
-
-
-class TrainingDiverged(RuntimeError):
-    pass
 
 
 def epoch_generators(seed: int, epoch: int, rank: int) -> tuple[torch.Generator, torch.Generator]:
@@ -75,58 +72,8 @@ def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) ->
     return cls(backbone, info, cfg)
 
 
-def load_data(cfg: dict) -> Dataset:
-    d = cfg["dataset"]
-    return load_dataset(
-        d["name"],
-        root=d.get("root"),
-        download=d.get("download", False),
-        image_size=d.get("image_size"),
-        **d.get("options", {}),
-    )
-
-
 def normalisation(data: Dataset) -> tuple[list[float], list[float]]:
     return dataset_stats(data.channels, data.train.images)
-
-
-def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
-    """``train.fused_optimizer``: auto = fused on CUDA only (on the CPU the default for-each update
-    keeps runs bit-identical to earlier ones); true / false force it."""
-    fused = train.get("fused_optimizer", "auto")
-    return device.type == "cuda" if fused == "auto" else bool(fused)
-
-
-def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
-    name = train["optimizer"]
-    fused = {"fused": True} if uses_fused_optimizer(train, torch.device(device)) else {}
-    if name == "sgd":
-        return torch.optim.SGD(
-            params, lr=train["lr"], momentum=train["momentum"], weight_decay=train["weight_decay"], **fused
-        )
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
-    raise ValueError(f"config key `train.optimizer`: unknown optimiser {name!r}; known: sgd, adamw")
-
-
-def learning_rate(train: dict, step: int, steps_per_epoch: int) -> float:
-    """Linear warm-up, then cosine to zero, ×0.1 steps at milestones, or constant."""
-    base = train["lr"]
-    epoch = step / steps_per_epoch
-    warmup = train.get("warmup_epochs", 0)
-    if epoch < warmup:
-        return base * (step + 1) / (warmup * steps_per_epoch)
-    schedule = train["schedule"]
-    if schedule == "cosine":
-        progress = (epoch - warmup) / max(1e-12, train["epochs"] - warmup)
-        return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    if schedule == "step":
-        return base * 0.1 ** sum(epoch >= m for m in train.get("milestones", []))
-    if schedule == "constant":
-        return base
-    raise ValueError(
-        f"config key `train.schedule`: unknown schedule {schedule!r}; known: cosine, step, constant"
-    )
 
 
 @dataclass
@@ -231,7 +178,7 @@ class Trainer:
         }
 
     def autocast(self):
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
+        return autocast(self.device, self.amp)
 
     def epoch_context(self) -> EpochContext:
         return EpochContext(
@@ -285,17 +232,13 @@ class Trainer:
         return False
 
     # --- the loop ---------------------------------------------------------------------------
-    def _check_finite(self, loss: torch.Tensor, batch: int) -> float:
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise TrainingDiverged(
-                f"{self.cfg['method']}: loss is {value} at epoch {self.state.epoch + 1}, step {batch + 1} "
-                f"(global step {self.state.step}); last finite loss {self.state.last_finite_loss}. "
-                f"The last good checkpoint is kept in {self.out_dir / CHECKPOINT_DIR}. "
-                "Lower `train.lr` or check the method's loss."
-            )
-        self.state.last_finite_loss = value
-        return value
+    def _diverged(self, value: float, batch: int) -> str:
+        return (
+            f"{self.cfg['method']}: loss is {value} at epoch {self.state.epoch + 1}, step {batch + 1} "
+            f"(global step {self.state.step}); last finite loss {self.state.last_finite_loss}. "
+            f"The last good checkpoint is kept in {self.out_dir / CHECKPOINT_DIR}. "
+            "Lower `train.lr` or check the method's loss."
+        )
 
     def train_step(
         self, views: list[torch.Tensor], idx: torch.Tensor, lr: float, ctx: EpochContext, batch: int = 0
@@ -306,7 +249,7 @@ class Trainer:
         labels = self.labels[idx] if self.method.needs_labels else None
         with self.autocast():
             loss = self.loss_fn(views, labels, idx)
-        value = self._check_finite(loss, batch)
+        value = self.state.last_finite_loss = check_finite(loss, self._diverged, batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -323,11 +266,10 @@ class Trainer:
         t0 = time.perf_counter()
         self.method.on_epoch_start(ctx)
         hook_seconds = time.perf_counter() - t0
-        order = torch.randperm(len(self.labels), generator=order_gen)
         mine = slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
-        index_batches = [
-            order[b * self.batch_size : (b + 1) * self.batch_size][mine] for b in range(self.steps_per_epoch)
-        ]
+        # drop_last (min_size = batch_size): fixed-size batches (queues); each rank takes its shard
+        batches = shuffled_batches(len(self.labels), self.batch_size, order_gen, min_size=self.batch_size)
+        index_batches = [batch[mine] for batch in batches]
         image_batches = self.images.iterate(index_batches)
         total, seen = 0.0, 0
         t_steps = time.perf_counter()

@@ -13,8 +13,8 @@ import torch
 
 from .augment import EvalTransform
 from .backbones import create_backbone
+from .data import load_data
 from .distributed import select_device
-from .engine import load_data
 from .featurefile import load_features, save_features  # noqa: F401  (re-exported)
 from .provenance import provenance
 

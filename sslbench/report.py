@@ -450,8 +450,9 @@ def size_panels(panels: list[tuple[str, np.ndarray]], title: str):
 def kmeans_sizes(features: dict[str, dict]) -> list[tuple[str, np.ndarray]]:
     """faiss k-means (k = classes) on each method's L2-normalised test features, as the "
     "clustering protocol."""
-    from evaluation.clustering import kmeans_assign
+    from .results import protocol_module
 
+    kmeans_assign = protocol_module("clustering").kmeans_assign
     panels = []
     for method in sorted(features):
         x = np.ascontiguousarray(l2_normalize(features[method]["test"].astype(np.float32)))

@@ -5,14 +5,8 @@ import pytest
 import torch
 from conftest import METHODS_DIR
 
-from sslbench.engine import (
-    Trainer,
-    TrainingDiverged,
-    learning_rate,
-    make_optimizer,
-    pretrain,
-    uses_fused_optimizer,
-)
+from sslbench.engine import Trainer, pretrain
+from sslbench.loop import TrainingDiverged, learning_rate, make_optimizer, uses_fused_optimizer
 
 
 def schedule(**kw):

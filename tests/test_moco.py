@@ -11,7 +11,8 @@ from conftest import METHODS_DIR
 from torch import nn
 
 from sslbench.backbones import create_backbone
-from sslbench.engine import Trainer, build_method, load_data
+from sslbench.data import load_data
+from sslbench.engine import Trainer, build_method
 from sslbench.losses import info_nce
 from sslbench.method import EpochContext
 from sslbench.momentum import (

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR
 
-from sslbench.engine import Trainer, build_method, load_data
+from sslbench.data import load_data
+from sslbench.engine import Trainer, build_method
 from sslbench.losses import info_nce, proto_nce
 
 BATCH = 64  # the tiny suite's batch size (tests/conftest.py)

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
 
 from sslbench.clustering import sinkhorn, sinkhorn_labels
-from sslbench.engine import Trainer, build_method, load_data, pretrain
+from sslbench.data import load_data
+from sslbench.engine import Trainer, build_method, pretrain
 from sslbench.plugins import load_method_class
 
 SeLa = load_method_class(METHODS_DIR / "sela")
