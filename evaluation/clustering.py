@@ -1,5 +1,6 @@
-"""Clustering quality of frozen features: faiss k-means on the L2-normalised test split,
-scored against the true classes with AMI, NMI and ARI (sklearn).
+"""Clustering quality of frozen features: faiss k-means (sslbench.kmeans, on every point: no
+subsampling) on the L2-normalised test split, scored against the true classes with AMI, NMI and ARI
+(sklearn).
 
 Each of `restarts` independent k-means runs gets its own seed derived from the run seed;
 metrics are the mean over runs. "ami", "nmi", "ari" use k = number of classes; "ami_k{m}x"
@@ -8,9 +9,10 @@ over-clusters with k = m x classes (capped at the number of test samples).
 
 from __future__ import annotations
 
-import faiss
 import numpy as np
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
+
+from sslbench.kmeans import kmeans
 
 from .common import check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
 
@@ -24,24 +26,6 @@ DEFAULTS: dict = {
 }
 
 
-def kmeans_assign(x: np.ndarray, k: int, niter: int, nredo: int, spherical: bool, seed: int) -> np.ndarray:
-    """Cluster id of every row of x after faiss k-means with k centroids."""
-    kmeans = faiss.Kmeans(
-        x.shape[1],
-        k,
-        niter=niter,
-        nredo=nredo,
-        spherical=spherical,
-        seed=seed,
-        verbose=False,
-        min_points_per_centroid=1,
-        max_points_per_centroid=1 << 30,
-    )
-    kmeans.train(x)
-    _, assignment = kmeans.index.search(x, 1)
-    return assignment[:, 0]
-
-
 def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float], dict]:
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if int(used["restarts"]) < 1 or int(used["niter"]) < 1 or int(used["nredo"]) < 1:
@@ -51,14 +35,16 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     labels, num_classes = data["test_labels"], data["num_classes"]
 
     def run(k: int, restart: int) -> np.ndarray:
-        return kmeans_assign(
+        """Cluster ids of the test points: the one k-means, on every point (no subsampling)."""
+        return kmeans(
             x,
             min(k, len(x)),
-            int(used["niter"]),
-            int(used["nredo"]),
-            bool(used["spherical"]),
-            seed_for(seed, k, restart),
-        )
+            niter=int(used["niter"]),
+            nredo=int(used["nredo"]),
+            spherical=bool(used["spherical"]),
+            seed=seed_for(seed, k, restart),
+            max_points_per_centroid=None,
+        ).assignments
 
     restarts = range(int(used["restarts"]))
     scores = {"ami": [], "nmi": [], "ari": []}

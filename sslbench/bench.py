@@ -397,20 +397,12 @@ class BareLoop:
     into one forward) and optimiser, with the mean of the backbone's outputs as the loss."""
 
     def __init__(self, trainer):
-        from .backbones import create_backbone
+        from .engine import build_backbone
         from .loop import make_optimizer
 
-        cfg = trainer.cfg
-        torch.manual_seed(trainer.seed)  # as build_method: the same initial weights
-        self.backbone = create_backbone(
-            cfg["backbone"]["name"],
-            in_chans=trainer.data.channels,
-            small_stem=cfg["backbone"].get("small_stem", False),
-        ).to(trainer.device)
-        if trainer.channels_last:
-            self.backbone.to(memory_format=torch.channels_last)
-        if trainer.compile_backbone:
-            self.backbone.compile()  # as the trainer's: like against like
+        # The method's initial backbone weights, device and fast paths: like against like.
+        self.backbone = build_backbone(trainer.cfg, trainer.data, trainer.seed).to(trainer.device)
+        trainer.apply_fast_paths(self.backbone, self.backbone)
         self.backbone.train()
         self.optimizer = make_optimizer(list(self.backbone.parameters()), trainer.train_cfg, trainer.device)
         self.trainer = trainer
@@ -479,18 +471,16 @@ def walk_hooks(trainer, budget_s: float) -> list[float]:
     """Seconds of each on_epoch_start call, epoch 0, 1, ... as training calls them, until the run's
     last epoch or until the calls took ``budget_s``. Leaves the method as that epoch finds it
     (PCL with prototypes, SeLa with relabelled targets), so the steps timed next are typical."""
-    from .engine import epoch_generators
+    from .engine import TrainState
     from .method import Method
 
     if type(trainer.method).on_epoch_start is Method.on_epoch_start:
         return []
     seconds: list[float] = []
-    trainer.method.train()
     for epoch in range(int(trainer.train_cfg["epochs"])):
-        trainer.state.epoch, trainer.state.step = epoch, epoch * trainer.steps_per_epoch
-        epoch_generators(trainer.seed, epoch, trainer.rank)  # re-seeds the global RNG, as train_epoch does
-        ctx = trainer.epoch_context()
-        seconds.append(timed(lambda: (trainer.method.on_epoch_start(ctx), sync(trainer.device)))[0])
+        trainer.state = TrainState(epoch=epoch, step=epoch * trainer.steps_per_epoch)
+        *_, hook_seconds = trainer.start_epoch()  # as train_epoch starts an epoch
+        seconds.append(hook_seconds)
         if sum(seconds) >= budget_s:
             break
     return seconds
@@ -741,7 +731,7 @@ def bench_kmeans(bench: Bench) -> list[dict]:
                 s.kmeans_k,
                 niter=s.kmeans_iters,
                 seed=bench.seed,
-                max_points_per_centroid=s.kmeans_points,
+                max_points_per_centroid=None,  # every point, as scikit-learn
             )
         )
         out["ours"] = found.centroids.numpy()
@@ -824,7 +814,7 @@ def sela_settings(config: dict) -> dict:
 def bench_sinkhorn(bench: Bench) -> list[dict]:
     import warnings
 
-    from .clustering import _sinkhorn_log_scalings, sinkhorn
+    from .clustering import sinkhorn
     from .distributed import select_device
 
     s, settings = bench.sizes, sela_settings(bench.config)
@@ -833,30 +823,22 @@ def bench_sinkhorn(bench: Bench) -> list[dict]:
     probs = torch.softmax(logits.to(select_device(bench.device)), dim=1)  # on the device SeLa trains on
     del logits
     device = probs.device
+
+    def solve(**kw) -> tuple[float, int]:
+        seconds, found = timed(lambda: (sinkhorn(probs, settings["lam"], **kw), sync(device))[0])
+        return seconds, found.iterations
+
     # One run: there is no rival to interleave with (at 50k x 3000 the arrays take ~2.4 GB).
-    seconds, (_, iterations) = timed(
-        lambda: (
-            sinkhorn(
-                probs,
-                settings["lam"],
-                tol=settings["tol"],
-                max_iters=settings["max_iters"],
-                return_iters=True,
-            ),
-            sync(device),
-        )[0]
-    )
+    seconds, iterations = solve(tol=settings["tol"], max_iters=settings["max_iters"])
     full_pass = min(timed(lambda: (torch.exp(probs), sync(device)))[0] for _ in range(3))
-    # The log-domain form (the fallback) on the same kernel, a few iterations: seconds per iteration.
-    log_kernel = settings["lam"] * probs.log()
-    log_iterations = min(3, iterations)
+    # The log-domain form (the fallback) against the matrix-vector form, the same few iterations each
+    # on the same probs, both forming their kernel and plan.
+    few = min(3, iterations)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # tol 0: it runs out of iterations on purpose
-        log_seconds, _ = timed(
-            lambda: (_sinkhorn_log_scalings(log_kernel, 0.0, log_iterations), sync(device))
-        )
-    log_kernel = None  # free it before the next measurement
-    per_iteration, log_per_iteration = seconds / iterations, log_seconds / log_iterations
+        warnings.simplefilter("ignore", RuntimeWarning)  # tol 0: they run out of iterations on purpose
+        log_seconds, _ = solve(tol=0.0, max_iters=few, domain="log")
+        few_seconds, _ = solve(tol=0.0, max_iters=few)
+    per_iteration = seconds / iterations
     name = f"{s.sinkhorn_points}x{s.sinkhorn_clusters}"
     notes = (
         f"SeLa's settings: lam {settings['lam']:g}, tol {settings['tol']:g}, max_iters "
@@ -883,13 +865,13 @@ def bench_sinkhorn(bench: Bench) -> list[dict]:
         row(
             "sinkhorn",
             f"{name} log-domain iteration",
-            log_per_iteration,
+            log_seconds / few,
             "s/iteration",
-            reference=per_iteration,
-            ratio=log_per_iteration / per_iteration,
-            ratio_is="log-domain s / matrix-vector s, per iteration",
-            notes=f"the fallback form (logsumexp) on the same kernel, {log_iterations} iterations; the "
-            "matrix-vector figure includes forming the kernel and the plan",
+            reference=few_seconds / few,
+            ratio=log_seconds / few_seconds,
+            ratio_is="log-domain s / matrix-vector s, the same iterations",
+            notes=f"the fallback form (logsumexp) against SeLa's matrix-vector form, {few} iterations each "
+            "on the same probs, each including forming its kernel and plan",
         ),
     ]
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from . import atomic
 from . import distributed as dist
 from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
-from .backbones import create_backbone
+from .backbones import backbone_from_config
 from .batches import batch_source
 from .config import dataset_label
 from .data import Dataset, load_data
@@ -56,13 +56,16 @@ class _TrainingLoss(torch.nn.Module):
         return self.method.training_loss(views, labels, indices)
 
 
+def build_backbone(cfg: dict, data: Dataset, seed: int) -> torch.nn.Module:
+    """The run's backbone with its initial weights, seeded by ``seed``."""
+    torch.manual_seed(seed)
+    return backbone_from_config(cfg, data.channels)
+
+
 def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) -> Method:
     """Backbone from the config, handed to the method plugin; weights seeded by ``seed``."""
-    torch.manual_seed(seed)
     cls = load_method_class(method_dir)
-    backbone = create_backbone(
-        cfg["backbone"]["name"], in_chans=data.channels, small_stem=cfg["backbone"].get("small_stem", False)
-    )
+    backbone = build_backbone(cfg, data, seed)
     info = DataInfo(
         num_classes=data.num_classes,
         num_train=len(data.train),
@@ -112,12 +115,8 @@ class Trainer:
         self.amp = self.on_cuda and bool(self.train_cfg.get("amp", True))
         self.channels_last = self.on_cuda and bool(self.train_cfg.get("channels_last", True))
         self.compile_backbone = bool(self.train_cfg.get("compile", False))
-        if self.channels_last:
-            self.method.to(memory_format=torch.channels_last)
-        if self.compile_backbone:
-            # In place (nn.Module.compile): parameter names, hence checkpoints, stay as they are.
-            # Only the trained backbone: momentum encoders and heads are small or gradient-free.
-            self.method.backbone.compile()
+        # Only the trained backbone is compiled: momentum encoders and heads are small or gradient-free.
+        self.apply_fast_paths(self.method, self.method.backbone)
         self.images = batch_source(self.data.train, self.device, self.train_cfg.get("workers", 4))
         self.labels = self.data.train.labels.to(self.device)
         self.batch_size = int(self.train_cfg["batch_size"])
@@ -176,6 +175,14 @@ class Trainer:
             "fused_optimizer": bool(self.optimizer is not None and self.optimizer.defaults.get("fused")),
             "compiled_backbone": self.compile_backbone,
         }
+
+    def apply_fast_paths(self, model: torch.nn.Module, backbone: torch.nn.Module) -> None:
+        """channels_last on ``model`` and torch.compile of ``backbone``, as this run uses them. In
+        place (nn.Module.compile): parameter names, hence checkpoints, stay as they are."""
+        if self.channels_last:
+            model.to(memory_format=torch.channels_last)
+        if self.compile_backbone:
+            backbone.compile()
 
     def autocast(self):
         return autocast(self.device, self.amp)
@@ -258,14 +265,22 @@ class Trainer:
         self.method.on_step_end(ctx)
         return value
 
-    def train_epoch(self) -> dict:
-        epoch = self.state.epoch
-        order_gen, view_gen = epoch_generators(self.seed, epoch, self.rank)
+    def start_epoch(self) -> tuple[torch.Generator, torch.Generator, EpochContext, float]:
+        """(data order generator, views generator, context, hook seconds) of the epoch ``state.epoch``:
+        everything random re-seeded for it (epoch_generators), the method in train mode and its
+        on_epoch_start hook run."""
+        order_gen, view_gen = epoch_generators(self.seed, self.state.epoch, self.rank)
         self.method.train()
         ctx = self.epoch_context()
         t0 = time.perf_counter()
         self.method.on_epoch_start(ctx)
-        hook_seconds = time.perf_counter() - t0
+        if self.on_cuda:
+            torch.cuda.synchronize()  # the hook's own time
+        return order_gen, view_gen, ctx, time.perf_counter() - t0
+
+    def train_epoch(self) -> dict:
+        epoch = self.state.epoch
+        order_gen, view_gen, ctx, hook_seconds = self.start_epoch()
         mine = slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
         # drop_last (min_size = batch_size): fixed-size batches (queues); each rank takes its shard
         batches = shuffled_batches(len(self.labels), self.batch_size, order_gen, min_size=self.batch_size)

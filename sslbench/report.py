@@ -450,14 +450,13 @@ def size_panels(panels: list[tuple[str, np.ndarray]], title: str):
 def kmeans_sizes(features: dict[str, dict]) -> list[tuple[str, np.ndarray]]:
     """faiss k-means (k = classes) on each method's L2-normalised test features, as the "
     "clustering protocol."""
-    from .results import protocol_module
+    from .kmeans import kmeans
 
-    kmeans_assign = protocol_module("clustering").kmeans_assign
     panels = []
     for method in sorted(features):
         x = np.ascontiguousarray(l2_normalize(features[method]["test"].astype(np.float32)))
         k = min(int(features[method]["num_classes"]), len(x))
-        assignment = kmeans_assign(x, k, niter=KMEANS_NITER, nredo=1, spherical=False, seed=0)
+        assignment = kmeans(x, k, niter=KMEANS_NITER, seed=0, max_points_per_centroid=None).assignments
         panels.append((method, sorted_sizes(assignment.astype(np.int64), k)))
     return panels
 

@@ -7,6 +7,7 @@ from sklearn.metrics import adjusted_mutual_info_score
 
 from evaluation import clustering
 from evaluation.common import l2_normalize, seed_for
+from sslbench.kmeans import kmeans
 
 
 def feature_dict(test, test_labels, num_classes, n_train=20, dim=None):
@@ -30,7 +31,7 @@ def one_hot(seed, num_classes=6, n=300, noise=0.02):
 
 def test_kmeans_recovers_well_separated_classes():
     x, labels = one_hot(0)
-    clusters = clustering.kmeans_assign(l2_normalize(x), 6, niter=20, nredo=3, spherical=False, seed=1)
+    clusters = kmeans(l2_normalize(x), 6, niter=20, nredo=3, seed=1, max_points_per_centroid=None).assignments
     assert adjusted_mutual_info_score(labels, clusters) == pytest.approx(1.0)
 
 
@@ -65,7 +66,10 @@ def test_metrics_are_the_mean_over_restarts_with_seeds_derived_from_the_run_seed
     metrics, _ = clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)
     per_restart = [
         adjusted_mutual_info_score(
-            labels, clustering.kmeans_assign(l2_normalize(x), 4, 10, 1, False, seed_for(7, 4, r))
+            labels,
+            kmeans(
+                l2_normalize(x), 4, niter=10, seed=seed_for(7, 4, r), max_points_per_centroid=None
+            ).assignments,
         )
         for r in range(3)
     ]
