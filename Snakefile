@@ -167,7 +167,6 @@ rule report:
         table="results/table.csv",
         failures="results/failures.csv",
         runs=expand(RUN + "/run.json", dataset=DATASET, method=METHODS, seed=SEEDS),
-        features=expand(RUN + "/features.npz", dataset=DATASET, method=METHODS, seed=SEEDS),
         paper=[str(METHODS_DIR / m / "paper.yaml") for m in METHODS if (METHODS_DIR / m / "paper.yaml").exists()],
     output:
         html=report("results/report.html", category="Report"),
