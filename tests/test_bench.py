@@ -12,19 +12,10 @@ import pandas as pd
 import pytest
 from conftest import tiny_suite_config
 
-from sslbench.bench import (
-    COLUMNS,
-    SECTIONS,
-    Repeats,
-    Sizes,
-    check_sections,
-    exp_vote_weights,
-    inertia,
-    run_bench,
-    run_measured,
-    sela_settings,
-    snakemake_benchmarks,
-)
+from sslbench.bench import COLUMNS, SECTIONS, Repeats, Sizes, run_bench
+from sslbench.bench.core import check_sections
+from sslbench.bench.jobs import rule_of, run_measured, snakemake_benchmarks
+from sslbench.bench.solvers import exp_vote_weights, inertia, sela_settings
 from sslbench.config import ConfigError
 
 TINY = Sizes(
@@ -181,6 +172,12 @@ def test_snakemake_benchmark_files_are_found_and_others_ignored(tmp_path):
     assert list(found["file"]) == ["results/digits/moco/seed0/benchmarks/pretrain.tsv"]
     assert found["max_rss"].tolist() == [812.3] and found["s"].tolist() == [12.5]
     assert snakemake_benchmarks(tmp_path / "results" / "digits" / "moco" / "nothing").empty
+    # the Snakefile's names: benchmarks/<rule>.tsv, and benchmarks/<protocol>.tsv for evaluate
+    assert [rule_of(s) for s in ("pretrain", "extract", "knn")] == [
+        ("pretrain", None),
+        ("extract", None),
+        ("evaluate", "knn"),
+    ]
 
 
 def test_bad_input_names_the_fix(tmp_path):
