@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kmeans import FAISS_MAX_POINTS_PER_CENTROID, KMeansResult
+from .kmeans import KMeansResult
 from .kmeans import kmeans as faiss_kmeans
 
 __all__ = [
@@ -38,18 +38,10 @@ def _faiss_num_gpus() -> int:
     return int(get_num_gpus()) if get_num_gpus is not None else 0
 
 
-def kmeans(
-    features: torch.Tensor,
-    k: int,
-    niter: int = 20,
-    nredo: int = 1,
-    seed: int = 0,
-    spherical: bool = False,
-    use_gpu: bool | None = None,
-    max_points_per_centroid: int | None = FAISS_MAX_POINTS_PER_CENTROID,
-) -> KMeansResult:
-    """``sslbench.kmeans.kmeans`` (faiss; subsampling as it says) on a tensor: the result's arrays
-    are tensors on the features' device.
+def kmeans(features: torch.Tensor, k: int, use_gpu: bool | None = None, **settings) -> KMeansResult:
+    """``sslbench.kmeans.kmeans`` on a tensor (``settings``: its niter, nredo, seed, spherical and
+    max_points_per_centroid, faiss's subsampling switch); the result's arrays are tensors on the
+    features' device.
 
     use_gpu=None runs on the GPU when faiss was built with GPUs and `features`
     is a CUDA tensor; True demands a GPU; False forces the CPU.
@@ -61,16 +53,7 @@ def kmeans(
         use_gpu = features.is_cuda and num_gpus > 0
     elif use_gpu and num_gpus == 0:
         raise ValueError("use_gpu=True but this faiss has no GPU (install faiss-gpu, or pass use_gpu=False)")
-    found = faiss_kmeans(
-        features.detach().float().cpu().numpy(),
-        k,
-        niter=niter,
-        nredo=nredo,
-        seed=seed,
-        spherical=spherical,
-        gpu=bool(use_gpu),
-        max_points_per_centroid=max_points_per_centroid,
-    )
+    found = faiss_kmeans(features.detach().float().cpu().numpy(), k, gpu=bool(use_gpu), **settings)
     device = features.device
     return KMeansResult(
         torch.from_numpy(found.centroids).to(device),
