@@ -15,9 +15,9 @@ repeats. Sections (``run_bench(sections=...)``):
 - kmeans:   faiss ``sslbench.clustering.kmeans`` against scikit-learn's Lloyd ``KMeans``:
             speed-up and the relative inertia gap (both inertias computed by the same code).
 - sinkhorn: ``sslbench.clustering.sinkhorn`` with SeLa's settings: seconds and iterations.
-- memory:   peak memory of one (method, seed)'s real jobs, pretrain, extract and every protocol,
-            run by snakemake on the Snakefile (its `benchmark:` files), against the memory each
-            job declares (config ``resources``).
+- memory:   peak RSS of one (method, seed)'s jobs, pretrain, extract and every protocol, as
+            snakemake plans them from the Snakefile, each run alone in a child process, against
+            the memory each job declares (config ``resources``).
 - dag:      the default DAG's wall time from a clean folder (real snakemake) and a no-op rerun.
             Slow (minutes): only when asked.
 

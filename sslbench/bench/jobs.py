@@ -1,6 +1,8 @@
-"""The memory and dag sections: the real Snakefile, run by snakemake in child processes. A job's
-peak memory and wall time come from the `benchmark:` file snakemake writes for it, so nothing here
-retypes the Snakefile's command lines."""
+"""The memory and dag sections: the real Snakefile and snakemake in child processes, so nothing
+here retypes the Snakefile's command lines. memory: the jobs snakemake plans for one (method, seed),
+each run alone under a wrapper that reads its exact peak RSS (snakemake's own `benchmark:` files
+sample memory every 0.5 s, then every 30 s, and miss short peaks and short jobs). dag: the whole
+DAG run by snakemake, with each job's `benchmark:` file."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +34,9 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def run_measured(command: list[str], log: Path, env: dict | None = None) -> tuple[float, float]:
+def run_measured(
+    command: list[str], log: Path, env: dict | None = None, cwd: Path = REPO
+) -> tuple[float, float]:
     """(wall seconds, peak RSS in MiB of the command's largest process) of a command that must succeed."""
     log.parent.mkdir(parents=True, exist_ok=True)
     peak_file = log.with_suffix(".maxrss")
@@ -39,7 +44,7 @@ def run_measured(command: list[str], log: Path, env: dict | None = None) -> tupl
     with open(log, "w") as out:
         done = subprocess.run(
             [sys.executable, "-c", PEAK_RSS_WRAPPER, str(peak_file), *command],
-            cwd=REPO,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -68,9 +73,38 @@ def memory_method(methods: list[str]) -> str:
     return "pcl" if "pcl" in methods else methods[0]
 
 
+@dataclass
+class PlannedJob:
+    rule: str
+    wildcards: dict[str, str]
+    files: list[str]  # its output, log and benchmark files
+    shell: str  # its command, as snakemake renders it from the Snakefile
+
+
+def planned_jobs(bench: Bench, directory: Path, *presets: Path, target: str) -> list[PlannedJob]:
+    """The jobs snakemake plans for ``target`` in ``directory`` (a dry run of the real Snakefile)."""
+    command = [a for a in snakemake_command(bench, directory, *presets, target=target) if a != "--quiet"]
+    done = subprocess.run(
+        [*command, "--dry-run", "--printshellcmds"], cwd=REPO, env=child_env(), capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"snakemake could not plan {target}:\n{(done.stdout + done.stderr)[-2000:]}")
+    jobs, block = [], {}
+    for line in done.stdout.splitlines():
+        if found := re.match(r"^(?:local)?rule (\w+):$", line):
+            block = {"rule": found[1], "wildcards": {}, "files": []}
+        elif found := re.match(r"^\s+(?:output|log|benchmark): (.+)$", line):
+            block["files"] += found[1].split(", ")
+        elif found := re.match(r"^\s+wildcards: (.+)$", line):
+            block["wildcards"] = dict(pair.split("=", 1) for pair in found[1].split(", "))
+        elif line.startswith("Shell command: "):
+            jobs.append(PlannedJob(**block, shell=line.removeprefix("Shell command: ")))
+    return jobs
+
+
 def bench_memory(bench: Bench) -> list[dict]:
-    """Peak memory of one (method, seed)'s real jobs (snakemake on the Snakefile, to results/table.csv)
-    against what each rule declares, from the `benchmark:` file of each job."""
+    """Peak memory of one (method, seed)'s jobs, pretrain, extract and every protocol, each run alone
+    as snakemake plans it, against what each rule declares (config ``resources``)."""
     env = child_env()
     _, baseline = run_measured(
         [sys.executable, "-c", "import torch, sslbench.engine, evaluation.common"],
@@ -81,40 +115,38 @@ def bench_memory(bench: Bench) -> list[dict]:
     preset = bench.workdir / "memory.yaml"
     preset.write_text(yaml.safe_dump({"methods": [name], "seeds": [bench.seed]}))
     directory = bench.workdir / "memory"
-    command = snakemake_command(bench, directory, preset, target="results/table.csv")
-    run_measured(command, bench.workdir / "logs" / "memory.log", env)
-    jobs = {rule_of(Path(job["file"]).stem): job for _, job in snakemake_benchmarks(directory).iterrows()}
+    planned = planned_jobs(bench, directory, preset, target="results/table.csv")
+    jobs = {(job.rule, job.wildcards.get("protocol")): job for job in planned}
     rows = []
     for rule, protocol in [("pretrain", None), ("extract", None)] + [
         ("evaluate", p) for p in bench.config.get("protocols", [])
     ]:
         job = jobs[rule, protocol]
+        for file in job.files:  # as snakemake does before it runs a job
+            (directory / file).parent.mkdir(parents=True, exist_ok=True)
+        label = " ".join(filter(None, (rule, name, protocol)))
+        wall, peak = run_measured(
+            ["bash", "-c", job.shell],
+            bench.workdir / "logs" / f"{label.replace(' ', '_')}.log",
+            env,
+            directory,
+        )
         declared = float(bench.config.get("resources", {}).get(rule, {}).get("mem_mb", 4000))
-        peak = float(job["max_rss"])
         rows.append(
             row(
                 "memory",
-                " ".join(filter(None, (rule, name, protocol))),
+                label,
                 peak,
                 "MiB",
                 reference=declared,
                 ratio=peak / declared,
                 ratio_is="peak RSS / declared resources.mem_mb",
                 target=("<=", 1.0),
-                notes=f"wall {float(job['s']):.1f} s; snakemake samples a job's memory every 0.5 s for 15 s, "
-                f"then every 30 s (a shorter peak is missed); a bare `import torch, sslbench` peaks at "
-                f"{baseline:.0f} MiB",
+                notes=f"wall {wall:.1f} s; the job's command as snakemake plans it, run alone; a bare "
+                f"`import torch, sslbench` peaks at {baseline:.0f} MiB",
             )
         )
     return rows
-
-
-def rule_of(benchmark_stem: str) -> tuple[str, str | None]:
-    """(rule, protocol) of a job's benchmark file: the Snakefile writes benchmarks/<rule>.tsv, and
-    benchmarks/<protocol>.tsv for the evaluate rule."""
-    if benchmark_stem in ("pretrain", "extract"):
-        return benchmark_stem, None
-    return "evaluate", benchmark_stem
 
 
 SNAKEMAKE_BENCHMARK_HEADER = re.compile(r"^s\th:m:s\t.*max_rss")
