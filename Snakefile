@@ -7,8 +7,8 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from sslbench.config import (ConfigError, method_problems, preflight, resolve_method_config,
-                             selected_methods, validate_config)
+from sslbench.config import (ConfigError, dataset_label, load_config, method_problems, preflight,
+                             resolve_runs, selected_methods)
 from sslbench.errors import expected_errors
 
 min_version("9.0")
@@ -19,13 +19,14 @@ min_version("9.0")
 BASE = Path(os.path.relpath(Path(workflow.basedir).resolve(), Path.cwd().resolve()))
 METHODS_DIR = BASE / "methods"
 
-configfile: BASE / "config" / "default.yaml"
 # Our errors (config, method folders, data) print their message alone; SSLBENCH_DEBUG=1 adds the traceback.
 with expected_errors("sslbench"):
-    # Our own schema check: errors name the key and the config file that set it.
-    validate_config(config, BASE / "config" / "schema.yaml",
-                    [BASE / "config" / "default.yaml", *workflow.overwrite_configfiles])
-    DATASET = config["dataset"].get("label") or config["dataset"]["name"]
+    # The one merge rule of every reader of the settings (sslbench.config.load_config): default.yaml,
+    # the --configfile presets in order, then --config; checked against config/schema.yaml, errors
+    # name the key and the file that set it.
+    config.update(load_config(BASE / "config", workflow.overwrite_configfiles,
+                              workflow.config_settings.config))
+    DATASET = dataset_label(config)
     METHODS = selected_methods(config, METHODS_DIR)
     # Broken method folders are caught here, before any training, and left out of the DAG. Unless
     # --keep-going is given, the run then stops before its first job (onstart); with it, the other
@@ -35,9 +36,7 @@ with expected_errors("sslbench"):
     if FAILED:
         print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)
         METHODS = [m for m in METHODS if m not in FAILED]
-    # The resolved settings of each method: a param, so changing them reruns its jobs.
-    METHOD_CONFIGS = {m: json.dumps(resolve_method_config(config, METHODS_DIR, m), sort_keys=True)
-                      for m in METHODS}
+    RUNS = resolve_runs(config, METHODS_DIR, METHODS)  # {(dataset, method): the run's resolved settings}
 
 
 onstart:
@@ -64,7 +63,8 @@ wildcard_constraints:
 
 
 def method_config(wildcards):
-    return METHOD_CONFIGS[wildcards.method]
+    """The resolved settings of one run: a param, so changing them reruns its jobs."""
+    return json.dumps(RUNS[wildcards.dataset, wildcards.method], sort_keys=True)
 
 
 def method_sources(wildcards):
@@ -175,7 +175,6 @@ rule report:
         table="results/table.csv",
         failures="results/failures.csv",
         runs=expand(RUN + "/run.json", dataset=DATASET, method=METHODS, seed=SEEDS),
-        features=expand(RUN + "/features.npz", dataset=DATASET, method=METHODS, seed=SEEDS),
         paper=[str(METHODS_DIR / m / "paper.yaml") for m in METHODS if (METHODS_DIR / m / "paper.yaml").exists()],
     output:
         html=report("results/report.html", category="Report"),

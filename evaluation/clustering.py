@@ -1,20 +1,28 @@
-"""Clustering quality of frozen features: faiss k-means on the L2-normalised test split,
-scored against the true classes with AMI, NMI and ARI (sklearn).
+"""Clustering quality of frozen features: faiss k-means (sslbench.kmeans, on every point: no
+subsampling) on the L2-normalised test split, scored against the true classes with AMI, NMI and ARI
+(sklearn).
 
 Each of `restarts` independent k-means runs gets its own seed derived from the run seed;
 metrics are the mean over runs. "ami", "nmi", "ari" use k = number of classes; "ami_k{m}x"
 over-clusters with k = m x classes (capped at the number of test samples).
+
+Beside its result JSON (``side_file``: eval/clustering.npz) the protocol writes what the report
+draws: the k = classes cluster id of every test point in each restart, and a t-SNE map of a fixed
+subset of at most TSNE_POINTS test points (the same subset for every run of a dataset).
 """
 
 from __future__ import annotations
 
-import faiss
 import numpy as np
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
+
+from sslbench.kmeans import kmeans
 
 from .common import ProtocolError, check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
 
 PROTOCOL = "clustering"
+WRITES_SIDE_FILE = True  # sslbench.results.run_protocol passes side_file
+TSNE_POINTS = 500
 DEFAULTS: dict = {
     "restarts": 5,  # independent k-means runs, each with its own seed; metrics averaged
     "nredo": 1,  # faiss: best-of-nredo (lowest objective) inside one run
@@ -24,25 +32,7 @@ DEFAULTS: dict = {
 }
 
 
-def kmeans_assign(x: np.ndarray, k: int, niter: int, nredo: int, spherical: bool, seed: int) -> np.ndarray:
-    """Cluster id of every row of x after faiss k-means with k centroids."""
-    kmeans = faiss.Kmeans(
-        x.shape[1],
-        k,
-        niter=niter,
-        nredo=nredo,
-        spherical=spherical,
-        seed=seed,
-        verbose=False,
-        min_points_per_centroid=1,
-        max_points_per_centroid=1 << 30,
-    )
-    kmeans.train(x)
-    _, assignment = kmeans.index.search(x, 1)
-    return assignment[:, 0]
-
-
-def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float], dict]:
+def evaluate(features: dict, settings: dict, seed: int, side_file=None) -> tuple[dict[str, float], dict]:
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if int(used["restarts"]) < 1 or int(used["niter"]) < 1 or int(used["nredo"]) < 1:
         raise ProtocolError("clustering: restarts, niter and nredo must all be >= 1")
@@ -51,19 +41,23 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     labels, num_classes = data["test_labels"], data["num_classes"]
 
     def run(k: int, restart: int) -> np.ndarray:
-        return kmeans_assign(
+        """Cluster ids of the test points: the one k-means, on every point (no subsampling)."""
+        return kmeans(
             x,
             min(k, len(x)),
-            int(used["niter"]),
-            int(used["nredo"]),
-            bool(used["spherical"]),
-            seed_for(seed, k, restart),
-        )
+            niter=int(used["niter"]),
+            nredo=int(used["nredo"]),
+            spherical=bool(used["spherical"]),
+            seed=seed_for(seed, k, restart),
+            max_points_per_centroid=None,
+        ).assignments
 
     restarts = range(int(used["restarts"]))
     scores = {"ami": [], "nmi": [], "ari": []}
+    assignments = []
     for restart in restarts:
         clusters = run(num_classes, restart)
+        assignments.append(clusters)
         scores["ami"].append(adjusted_mutual_info_score(labels, clusters))
         scores["nmi"].append(normalized_mutual_info_score(labels, clusters))
         scores["ari"].append(adjusted_rand_score(labels, clusters))
@@ -80,4 +74,36 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     }
     used["split"] = "test"
     used["mi_average_method"] = "arithmetic"
-    return check_metrics(metrics, PROTOCOL), used
+    metrics = check_metrics(metrics, PROTOCOL)
+    if side_file is not None:
+        how = {k: used[k] for k in ("restarts", "nredo", "niter", "spherical")}
+        write_side_file(side_file, data, np.stack(assignments), {**how, "k": used["k"]["ami"], "seed": seed})
+    return metrics, used
+
+
+def write_side_file(path, data: dict, assignments: np.ndarray, kmeans_settings: dict) -> None:
+    """The k = classes cluster ids [restarts, test points] and a t-SNE map of a fixed test subset."""
+    from sklearn.manifold import TSNE
+
+    from sslbench.featurefile import save_features
+
+    test = data["test"]
+    # the same subset for every method of a dataset (same test set, fixed seed): the maps show the same images
+    pick = np.sort(
+        np.random.default_rng(0).choice(len(test), size=min(len(test), TSNE_POINTS), replace=False)
+    )
+    perplexity = min(30.0, (len(pick) - 1) / 3)
+    # exact gradients are cheap at <= 500 points; 500 iterations settle the map (sklearn's minimum is 250)
+    tsne = dict(
+        n_components=2, perplexity=perplexity, init="pca", method="exact", max_iter=500, random_state=0
+    )
+    xy = TSNE(**tsne).fit_transform(l2_normalize(test[pick]).astype(np.float64))
+    arrays = {
+        "assignments": assignments.astype(np.int64),
+        "tsne": xy.astype(np.float32),
+        "tsne_index": pick.astype(np.int64),
+        "tsne_labels": data["test_labels"][pick],
+        "num_classes": data["num_classes"],
+    }
+    meta = {"kmeans": {**kmeans_settings, "points": "every test point (no subsampling)"}, "tsne": tsne}
+    save_features(path, {**arrays, "meta": meta})

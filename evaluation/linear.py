@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sslbench.loop import fit_classifier, make_optimizer
+
 from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy, unpack_features
 
 PROTOCOL = "linear"
@@ -182,13 +184,9 @@ def new_head(dim: int, num_classes: int, generator: torch.Generator) -> torch.nn
     return head
 
 
-def batches(count: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """One epoch's shuffled index batches; the last one may be smaller (no drop_last, as MoCo)."""
-    return list(torch.randperm(count, generator=generator).split(batch_size))
-
-
-def paper_lr(used: dict, epoch: int) -> float:
-    return used["lr"] * 0.1 ** sum(epoch >= m for m in used["milestones"])
+def paper_schedule(used: dict) -> dict:
+    """The lr schedule of sslbench.loop.learning_rate: x0.1 at each milestone epoch, no warm-up."""
+    return {"lr": used["lr"], "schedule": "step", "milestones": used["milestones"], "epochs": used["epochs"]}
 
 
 def freeze(backbone: torch.nn.Module) -> torch.nn.Module:
@@ -208,29 +206,40 @@ def fit_frozen_probe(
     head = new_head(backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(seed, 0))).to(
         device
     )
-    optimiser = torch.optim.SGD(
-        head.parameters(), lr=used["lr"], momentum=used["momentum"], weight_decay=used["weight_decay"]
-    )
-    order_gen, view_gen = (
+
+    def forward(views: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            features = backbone(views)
+        return head(features.float())
+
+    def diverged(loss: float, epoch: int) -> str:
+        return (
+            f"linear (paper): the loss became {loss} in epoch {epoch + 1}; "
+            f"lower the setting `lr` (now {used['lr']})"
+        )
+
+    sgd = {
+        "optimizer": "sgd",
+        "lr": used["lr"],
+        "momentum": used["momentum"],
+        "weight_decay": used["weight_decay"],
+    }
+    optimiser = make_optimizer(head.parameters(), sgd)
+    generators = (
         torch.Generator().manual_seed(seed_for(seed, 1)),
         torch.Generator().manual_seed(seed_for(seed, 2)),
     )
-    labels = train.labels.to(device)
-    for epoch in range(used["epochs"]):
-        for group in optimiser.param_groups:
-            group["lr"] = paper_lr(used, epoch)
-        for idx in batches(len(train), used["batch_size"], order_gen):
-            with torch.no_grad():
-                features = backbone(augment(train.load(idx).to(device), view_gen))
-            loss = F.cross_entropy(head(features.float()), labels[idx.to(device)])
-            if not torch.isfinite(loss):
-                raise ProtocolError(
-                    f"linear (paper): the loss became {loss.item()} in epoch {epoch + 1}; "
-                    f"lower the setting `lr` (now {used['lr']})"
-                )
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
+    fit_classifier(
+        forward,
+        optimiser,
+        train,
+        augment,
+        paper_schedule(used),
+        used["batch_size"],
+        generators,
+        device,
+        diverged,
+    )
     return head
 
 
@@ -252,8 +261,8 @@ def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
 
 def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str, float], dict]:
     from sslbench.augment import EvalTransform, ViewAugment, view_config
+    from sslbench.data import load_data
     from sslbench.distributed import select_device
-    from sslbench.engine import load_data
     from sslbench.features import embed, load_encoder, read_checkpoint
 
     used, ignored = resolve_paper_settings(settings)

@@ -36,15 +36,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sslbench import atomic
 from sslbench.augment import EvalTransform, ViewAugment, view_config
-from sslbench.data import Dataset, ImageSet
+from sslbench.data import Dataset, ImageSet, load_data
 from sslbench.distributed import select_device
-from sslbench.engine import load_data
-from sslbench.errors import SslbenchError
 from sslbench.features import embed, load_encoder, read_checkpoint
+from sslbench.loop import TrainingDiverged, fit_classifier, make_optimizer
 
 from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy
 from .linear import new_head, stratified_holdout
@@ -66,10 +64,6 @@ DEFAULTS: dict = {
     "eval_batch_size": 1024,
     "device": "auto",
 }
-
-
-class FineTuneDiverged(SslbenchError, RuntimeError):
-    pass
 
 
 # --- labelled subsets ------------------------------------------------------------------------
@@ -190,17 +184,6 @@ def part(images: ImageSet, indices) -> ImageSet:
     )
 
 
-def epoch_batches(count: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Shuffled batches of min(batch_size, count); a last batch of one image is dropped (batch
-    norm in train mode needs two)."""
-    chunks = list(torch.randperm(count, generator=generator).split(min(batch_size, count)))
-    return chunks[:-1] if len(chunks) > 1 and len(chunks[-1]) == 1 else chunks
-
-
-def cosine(step: int, total: int) -> float:
-    return 0.5 * (1.0 + np.cos(np.pi * step / max(1, total)))
-
-
 def finetune(
     ckpt: dict,
     labelled: ImageSet,
@@ -220,36 +203,39 @@ def finetune(
     )
     model = torch.nn.Sequential(backbone, head).to(device).train()
     head_lr = lr * used["head_lr_multiplier"]
-    optimiser = torch.optim.SGD(
+    optimiser = make_optimizer(
         [
             {"params": backbone.parameters(), "lr": lr, "base_lr": lr},
             {"params": head.parameters(), "lr": head_lr, "base_lr": head_lr},
         ],
-        lr=lr,
-        momentum=used["momentum"],
-        weight_decay=used["weight_decay"],
+        {"optimizer": "sgd", "lr": lr, "momentum": used["momentum"], "weight_decay": used["weight_decay"]},
     )
-    order_gen = torch.Generator().manual_seed(seed_for(stream_seed, 1))
-    view_gen = torch.Generator().manual_seed(seed_for(stream_seed, 2))
-    steps_per_epoch = len(epoch_batches(len(labelled), used["batch_size"], torch.Generator()))
-    total, step = epochs * steps_per_epoch, 0
-    labels = labelled.labels.to(device)
-    for epoch in range(epochs):
-        for idx in epoch_batches(len(labelled), used["batch_size"], order_gen):
-            for group in optimiser.param_groups:
-                group["lr"] = group["base_lr"] * cosine(step, total)
-            loss = F.cross_entropy(
-                model(augment(labelled.load(idx).to(device), view_gen)), labels[idx.to(device)]
-            )
-            if not torch.isfinite(loss):
-                raise FineTuneDiverged(
-                    f"semisup: the loss became {loss.item()} in epoch {epoch + 1} with backbone "
-                    f"lr {lr}; lower the values of `lr_grid`"
-                )
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            step += 1
+    generators = (
+        torch.Generator().manual_seed(seed_for(stream_seed, 1)),
+        torch.Generator().manual_seed(seed_for(stream_seed, 2)),
+    )
+
+    def diverged(loss: float, epoch: int) -> str:
+        return (
+            f"semisup: the loss became {loss} in epoch {epoch + 1} with backbone "
+            f"lr {lr}; lower the values of `lr_grid`"
+        )
+
+    # cosine per step to 0 over every step of the fit, no warm-up; each group from its own base_lr
+    schedule = {"lr": lr, "schedule": "cosine", "epochs": epochs}
+    # the last batch of one image is dropped: batch norm in train mode needs two
+    fit_classifier(
+        model,
+        optimiser,
+        labelled,
+        augment,
+        schedule,
+        used["batch_size"],
+        generators,
+        device,
+        diverged,
+        min_batch=2,
+    )
     return model
 
 
@@ -288,7 +274,7 @@ def choose_lr(
                 ckpt, fit, num_classes, lr, epochs, augment, used, seed_for(subset_seed, 1), device
             )
             val_top1.append(scores(model, val, transform, used, device)[1])
-        except FineTuneDiverged:
+        except TrainingDiverged:
             val_top1.append(0.0)
             diverged.append(lr)
     best = max(range(len(val_top1)), key=lambda i: (val_top1[i], -used["lr_grid"][i]))

@@ -31,6 +31,13 @@ def create_backbone(name: str, in_chans: int = 3, small_stem: bool = False, **kw
     return model
 
 
+def backbone_from_config(cfg: dict, in_chans: int) -> nn.Module:
+    """The backbone a run's settings name (their ``backbone`` section), for ``in_chans`` channels."""
+    return create_backbone(
+        cfg["backbone"]["name"], in_chans=in_chans, small_stem=cfg["backbone"].get("small_stem", False)
+    )
+
+
 def apply_small_stem(model: nn.Module, name: str) -> None:
     """Replace the stem by a 3x3 stride-1 conv and drop the max-pool (in place)."""
     if not (hasattr(model, "conv1") and hasattr(model, "maxpool") and hasattr(model, "bn1")):

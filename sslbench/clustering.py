@@ -1,6 +1,6 @@
 """Clustering shared by the methods and the clustering protocol: pure functions.
 
-- kmeans:               faiss k-means (CPU or GPU), seeded.
+- kmeans:               sslbench.kmeans (faiss, CPU or GPU, seeded) on torch tensors.
 - concentration:        PCL's per-cluster concentration phi (Li et al., 2021).
 - sinkhorn:             SeLa's optimal-transport pseudo-labelling (Asano et
                         al., 2020): matrix-vector scaling, log domain where
@@ -15,29 +15,20 @@ import math
 import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from .kmeans import KMeansResult
+from .kmeans import kmeans as faiss_kmeans
 
 __all__ = [
     "KMeansResult",
     "kmeans",
     "concentration",
+    "SinkhornResult",
     "sinkhorn",
     "sinkhorn_labels",
     "equipartition_labels",
 ]
-
-
-@dataclass
-class KMeansResult:
-    """centroids [k, D] float32; assignments [N] long; distances [N] float32 =
-    Euclidean distance of each point to its assigned centroid; inertia = sum
-    of squared distances. Tensors live on the input's device."""
-
-    centroids: torch.Tensor
-    assignments: torch.Tensor
-    distances: torch.Tensor
-    inertia: float
 
 
 def _faiss_num_gpus() -> int:
@@ -47,56 +38,29 @@ def _faiss_num_gpus() -> int:
     return int(get_num_gpus()) if get_num_gpus is not None else 0
 
 
-def kmeans(
-    features: torch.Tensor,
-    k: int,
-    niter: int = 20,
-    nredo: int = 1,
-    seed: int = 0,
-    spherical: bool = False,
-    use_gpu: bool | None = None,
-    max_points_per_centroid: int | None = None,
-) -> KMeansResult:
-    """k-means with faiss.Kmeans; the same inputs and seed give the same result.
+def kmeans(features: torch.Tensor, k: int, use_gpu: bool | None = None, **settings) -> KMeansResult:
+    """``sslbench.kmeans.kmeans`` on a tensor (``settings``: its niter, nredo, seed, spherical and
+    max_points_per_centroid, faiss's subsampling switch); the result's arrays are tensors on the
+    features' device.
 
     use_gpu=None runs on the GPU when faiss was built with GPUs and `features`
     is a CUDA tensor; True demands a GPU; False forces the CPU.
-    max_points_per_centroid=None keeps faiss's default (256): faiss then trains
-    on a random subsample of k*256 points (PCL passes 1000). Every point is
-    assigned to its nearest centroid afterwards (by inner product when
-    spherical, as faiss trains it).
     """
-    import faiss
-
     if features.dim() != 2:
         raise ValueError(f"kmeans needs features [N, D], got shape {tuple(features.shape)}")
-    num_points, dim = features.shape
-    if not 1 <= k <= num_points:
-        raise ValueError(f"kmeans needs 1 <= k <= N, got k={k} for N={num_points} points; lower k")
     num_gpus = _faiss_num_gpus()
     if use_gpu is None:
         use_gpu = features.is_cuda and num_gpus > 0
     elif use_gpu and num_gpus == 0:
         raise ValueError("use_gpu=True but this faiss has no GPU (install faiss-gpu, or pass use_gpu=False)")
-
-    x = np.ascontiguousarray(features.detach().float().cpu().numpy())
-    if not np.isfinite(x).all():
-        raise ValueError("kmeans features contain NaN or inf")
-    options = dict(niter=niter, nredo=nredo, seed=seed, spherical=spherical, verbose=False, gpu=bool(use_gpu))
-    if max_points_per_centroid is not None:
-        options["max_points_per_centroid"] = int(max_points_per_centroid)
-    clusterer = faiss.Kmeans(dim, k, **options)
-    clusterer.train(x)
-    _, nearest = clusterer.index.search(x, 1)
-
-    centroids = torch.from_numpy(np.ascontiguousarray(clusterer.centroids, dtype=np.float32))
-    assignments = torch.from_numpy(nearest[:, 0].astype(np.int64))
-    # Exact distances from the points themselves: faiss's search distances are
-    # squared, computed through ||x||^2 + ||c||^2 - 2x·c, and lose precision.
-    distances = (torch.from_numpy(x) - centroids[assignments]).norm(dim=1)
-    inertia = float(distances.double().pow(2).sum())
+    found = faiss_kmeans(features.detach().float().cpu().numpy(), k, gpu=bool(use_gpu), **settings)
     device = features.device
-    return KMeansResult(centroids.to(device), assignments.to(device), distances.to(device), inertia)
+    return KMeansResult(
+        torch.from_numpy(found.centroids).to(device),
+        torch.from_numpy(found.assignments).to(device),
+        torch.from_numpy(found.distances).to(device),
+        found.inertia,
+    )
 
 
 def concentration(
@@ -220,16 +184,25 @@ def _warn_if_unconverged(iterations: int, max_iters: int, row_error, tol: float)
         )
 
 
+@dataclass
+class SinkhornResult:
+    """plan [N, K] in probs' dtype on probs' device; the iterations run; the domain they ran in:
+    "matrix-vector" (SeLa's scaling) or "log" (logsumexp)."""
+
+    plan: torch.Tensor
+    iterations: int
+    domain: str
+
+
+SINKHORN_DOMAINS = ("auto", "log")
+
+
 def sinkhorn(
-    probs: torch.Tensor,
-    lam: float,
-    tol: float = 1e-6,
-    max_iters: int = 1000,
-    return_iters: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, int]:
+    probs: torch.Tensor, lam: float, tol: float = 1e-6, max_iters: int = 1000, domain: str = "auto"
+) -> SinkhornResult:
     """SeLa's pseudo-labelling plan (yukimasano/self-label).
 
-    probs [N, K] has softmax rows. Returns Q = diag(a) P^lam diag(b) [N, K]
+    probs [N, K] has softmax rows. The plan is Q = diag(a) P^lam diag(b) [N, K]
     with row sums 1/N and column sums 1/K: the column sums are exact, the row
     sums within a relative `tol` (|N * row_sum - 1| <= tol), unless max_iters
     ran out first (then a RuntimeWarning says so and the row sums are exact
@@ -242,12 +215,12 @@ def sinkhorn(
     underflow (a column with no entry above 1e-250) or a scaling overflows,
     Sinkhorn runs in the log domain instead (logsumexp: ~18x slower per
     iteration at 50k x 3000, never underflows); both converge to the same
-    unique plan. The work is in float64: in float32 the
+    unique plan. domain="log" asks for the log domain from the start (the
+    benchmark times it). The work is in float64: in float32 the
     rounding of lam * log P alone exceeds tol = 1e-6. Peak memory is two
     N x K float64 arrays (four in the log domain). Entries of probs equal to
     0 count as the smallest positive float64. The plan comes back in probs'
     dtype (float64 for integer input) on probs' device.
-    return_iters=True returns (Q, number of iterations run) instead.
     """
     if probs.dim() != 2 or probs.shape[0] == 0 or probs.shape[1] == 0:
         raise ValueError(f"sinkhorn needs probs [N, K] with N, K >= 1, got shape {tuple(probs.shape)}")
@@ -255,6 +228,8 @@ def sinkhorn(
         raise ValueError(f"sinkhorn needs lam > 0, got {lam}")
     if max_iters < 1:
         raise ValueError(f"sinkhorn needs max_iters >= 1, got {max_iters}")
+    if domain not in SINKHORN_DOMAINS:
+        raise ValueError(f"sinkhorn: unknown domain {domain!r}; known: {list(SINKHORN_DOMAINS)}")
     out_dtype = probs.dtype if probs.is_floating_point() else torch.float64
     probs = probs.detach().double()
     if not torch.isfinite(probs).all() or (probs < 0).any():
@@ -263,30 +238,28 @@ def sinkhorn(
     def log_kernel() -> torch.Tensor:
         return torch.log(probs.clamp_min(torch.finfo(torch.float64).tiny)).mul_(lam)
 
-    kernel = log_kernel()
-    kernel.sub_(kernel.amax(dim=1, keepdim=True)).exp_()  # row max 1: P^lam up to a factor per row
-    found = (
-        _sinkhorn_scalings(kernel, tol, max_iters)
-        if kernel.amax(dim=0).min() >= _SMALLEST_COLUMN_MAX
-        else None
-    )
+    found = None
+    if domain == "auto":
+        kernel = log_kernel()
+        kernel.sub_(kernel.amax(dim=1, keepdim=True)).exp_()  # row max 1: P^lam up to a factor per row
+        if kernel.amax(dim=0).min() >= _SMALLEST_COLUMN_MAX:
+            found = _sinkhorn_scalings(kernel, tol, max_iters)
     if found is not None:
         a, b, iterations = found
-        plan = kernel.mul_(a[:, None]).mul_(b[None, :])
+        plan, domain = kernel.mul_(a[:, None]).mul_(b[None, :]), "matrix-vector"
     else:
-        del kernel
+        kernel = None  # free the matrix-vector kernel before forming the log one
         kernel = log_kernel()
         log_a, log_b, iterations = _sinkhorn_log_scalings(kernel, tol, max_iters)
-        plan = kernel.add_(log_a[:, None]).add_(log_b[None, :]).exp_()
-    plan = plan.to(out_dtype)
-    return (plan, iterations) if return_iters else plan
+        plan, domain = kernel.add_(log_a[:, None]).add_(log_b[None, :]).exp_(), "log"
+    return SinkhornResult(plan.to(out_dtype), iterations, domain)
 
 
 def sinkhorn_labels(
     probs: torch.Tensor, lam: float, tol: float = 1e-6, max_iters: int = 1000
 ) -> torch.Tensor:
     """SeLa's pseudo-labels: the argmax of each row of the Sinkhorn plan, LongTensor [N]."""
-    return sinkhorn(probs, lam, tol=tol, max_iters=max_iters).argmax(dim=1)
+    return sinkhorn(probs, lam, tol=tol, max_iters=max_iters).plan.argmax(dim=1)
 
 
 def equipartition_labels(n: int, k: int, generator: torch.Generator | None = None) -> torch.Tensor:

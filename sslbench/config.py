@@ -1,27 +1,68 @@
-"""Configuration: method discovery and the per-method resolved config.
+"""Configuration: the one loader of the suite's settings, method discovery and the resolved
+settings of each run.
 
-Precedence, lowest first: the suite's ``train`` settings (config/default.yaml or a
-preset), the method's own ``methods/<name>/config.yaml``, then the preset's
-``method_overrides.<name>``.  The resolved config of a run is stored in every
-checkpoint and result, so a number never loses the settings that produced it.
+The suite's settings (``load_config``): config/default.yaml, then each preset in order, then
+snakemake's ``--config`` overrides, each merged over the last. The settings of one run
+(``resolve_runs``), lowest precedence first: the suite's ``train`` settings, the method's own
+``methods/<name>/config.yaml``, then ``method_overrides.<name>``. The resolved settings of a run are
+stored in every checkpoint and result, so a number never loses the settings that produced it.
+The Snakefile, the CLI's bench, the report's statistics and the tests all read settings through
+these two functions.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import yaml
 
-from .errors import SslbenchError
-
-
-class ConfigError(SslbenchError, ValueError):
-    pass
-
+from .errors import ConfigError, SslbenchError  # noqa: F401  (ConfigError is this module's to raise)
 
 # Keys a method's config.yaml may use besides its own hyperparameters.
 METHOD_SECTIONS = ("train", "augment")
+DEFAULT_FILE = "default.yaml"  # in the config folder; presets are merged over it
+SCHEMA_FILE = "schema.yaml"
+
+
+def load_config(
+    config_dir: str | Path,
+    presets: Iterable[str | Path] = (),
+    overrides: Mapping | None = None,
+    validate: bool = True,
+) -> dict:
+    """The suite's settings: ``config_dir/default.yaml``, each preset in order, then ``overrides``
+    (snakemake's ``--config``), each merged over the last by ``deep_merge`` (snakemake's own rule
+    for ``--configfile`` and ``--config``). Checked against ``config_dir/schema.yaml`` unless
+    ``validate`` is false; an error names the key and the file that set it."""
+    files = [Path(config_dir) / DEFAULT_FILE, *map(Path, presets)]
+    merged: dict = {}
+    for file in files:
+        merged = deep_merge(merged, load_yaml(file))
+    merged = deep_merge(merged, dict(overrides or {}))
+    if validate:
+        validate_config(merged, Path(config_dir) / SCHEMA_FILE, files)
+    return merged
+
+
+def dataset_label(cfg: dict) -> str:
+    """The name results and tables use: ``dataset.label`` (e.g. imagenet100) or the loader's name.
+    ``cfg`` is the suite's settings or a run's resolved settings (both have a ``dataset`` section)."""
+    return cfg["dataset"].get("label") or cfg["dataset"]["name"]
+
+
+def resolve_runs(
+    config: dict, methods_dir: str | Path, methods: Iterable[str]
+) -> dict[tuple[str, str], dict]:
+    """{(dataset label, method label): resolved settings} of every run the suite trains.
+
+    Today one pretraining dataset and one setting per method (the label is the method's folder).
+    Several pretraining datasets and method variants (a sweep over a method's settings, labelled
+    like ``moco[queue_size=4096]``) become more keys here; the Snakefile's DAG follows the keys.
+    """
+    dataset = dataset_label(config)
+    return {(dataset, method): resolve_method_config(config, methods_dir, method) for method in methods}
 
 
 def discover_methods(methods_dir: str | Path) -> list[str]:
@@ -91,7 +132,7 @@ def preflight(config: dict) -> None:
     """Checks that need torch/timm or the data: run once before the first job, not at every plan."""
     import timm
 
-    from .data import DatasetError, load_dataset
+    from .data import DatasetError, load_data
 
     name = config["backbone"]["name"]
     if name not in timm.list_models():
@@ -102,13 +143,7 @@ def preflight(config: dict) -> None:
     data = config["dataset"]
     if data["name"] != "imagefolder":  # an ImageNet-size folder is checked by its first job instead
         try:
-            load_dataset(
-                data["name"],
-                root=data.get("root"),
-                download=data.get("download", False),
-                image_size=data.get("image_size"),
-                **data.get("options", {}),
-            )
+            load_data(config)
         except DatasetError as err:
             raise ConfigError(f"config key `dataset`: {err}") from err
 

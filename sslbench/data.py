@@ -700,6 +700,18 @@ def load_dataset(
     return dataset
 
 
+def load_data(cfg: dict) -> Dataset:
+    """The dataset of a config's ``dataset`` section (the suite's settings or a run's)."""
+    d = cfg["dataset"]
+    return load_dataset(
+        d["name"],
+        root=d.get("root"),
+        download=d.get("download", False),
+        image_size=d.get("image_size"),
+        **d.get("options", {}),
+    )
+
+
 def _resized(dataset: Dataset, size: int) -> Dataset:
     def resize(split: ImageSet) -> ImageSet:
         return dataclasses.replace(split, images=resize_images(split.images, size))

@@ -1,14 +1,14 @@
-"""The one training loop every method shares.
+"""The one pretraining loop every method shares.
 
 The engine owns: data order and views, the optimiser and its schedule, devices
 (bf16 autocast and channels_last on CUDA), per-epoch atomic checkpoints and
-resume, the epoch log, and divergence checks.  A method only computes its loss
+resume, the epoch log, and divergence checks (the pieces it shares with the
+protocols' loops are in ``sslbench.loop``).  A method only computes its loss
 and hooks the start of an epoch and the end of a step (see ``sslbench.method``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,21 +19,18 @@ from tqdm import tqdm
 from . import atomic
 from . import distributed as dist
 from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
-from .backbones import create_backbone
+from .backbones import backbone_from_config
 from .batches import batch_source
-from .config import ConfigError
-from .data import Dataset, load_dataset
+from .config import ConfigError, dataset_label
+from .data import Dataset, load_data
 from .errors import SslbenchError
+from .loop import autocast, check_finite, learning_rate, make_optimizer, shuffled_batches
 from .method import DataInfo, EpochContext, Method
 from .plugins import load_method_class
 from .provenance import provenance
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
-
-
-class TrainingDiverged(SslbenchError, RuntimeError):
-    pass
 
 
 def epoch_generators(seed: int, epoch: int, rank: int) -> tuple[torch.Generator, torch.Generator]:
@@ -60,13 +57,16 @@ class _TrainingLoss(torch.nn.Module):
         return self.method.training_loss(views, labels, indices)
 
 
+def build_backbone(cfg: dict, data: Dataset, seed: int) -> torch.nn.Module:
+    """The run's backbone with its initial weights, seeded by ``seed``."""
+    torch.manual_seed(seed)
+    return backbone_from_config(cfg, data.channels)
+
+
 def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) -> Method:
     """Backbone from the config, handed to the method plugin; weights seeded by ``seed``."""
-    torch.manual_seed(seed)
     cls = load_method_class(method_dir)
-    backbone = create_backbone(
-        cfg["backbone"]["name"], in_chans=data.channels, small_stem=cfg["backbone"].get("small_stem", False)
-    )
+    backbone = build_backbone(cfg, data, seed)
     info = DataInfo(
         num_classes=data.num_classes,
         num_train=len(data.train),
@@ -76,66 +76,11 @@ def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) ->
     return cls(backbone, info, cfg)
 
 
-def dataset_label(cfg: dict) -> str:
-    """The name results and tables use: ``dataset.label`` (e.g. imagenet100) or the loader's name."""
-    return cfg["dataset"].get("label") or cfg["dataset"]["name"]
-
-
-def load_data(cfg: dict) -> Dataset:
-    d = cfg["dataset"]
-    return load_dataset(
-        d["name"],
-        root=d.get("root"),
-        download=d.get("download", False),
-        image_size=d.get("image_size"),
-        **d.get("options", {}),
-    )
-
-
 def normalisation(data: Dataset) -> tuple[list[float], list[float]]:
     return dataset_stats(data.channels, data.train.images)
 
 
-def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
-    """``train.fused_optimizer``: auto = fused on CUDA only (on the CPU the default for-each update
-    keeps runs bit-identical to earlier ones); true / false force it."""
-    fused = train.get("fused_optimizer", "auto")
-    return device.type == "cuda" if fused == "auto" else bool(fused)
-
-
-def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
-    name = train["optimizer"]
-    fused = {"fused": True} if uses_fused_optimizer(train, torch.device(device)) else {}
-    if name == "sgd":
-        return torch.optim.SGD(
-            params, lr=train["lr"], momentum=train["momentum"], weight_decay=train["weight_decay"], **fused
-        )
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
-    raise ConfigError(f"config key `train.optimizer`: unknown optimiser {name!r}; known: sgd, adamw")
-
-
-def learning_rate(train: dict, step: int, steps_per_epoch: int) -> float:
-    """Linear warm-up, then cosine to zero, ×0.1 steps at milestones, or constant."""
-    base = train["lr"]
-    epoch = step / steps_per_epoch
-    warmup = train.get("warmup_epochs", 0)
-    if epoch < warmup:
-        return base * (step + 1) / (warmup * steps_per_epoch)
-    schedule = train["schedule"]
-    if schedule == "cosine":
-        progress = (epoch - warmup) / max(1e-12, train["epochs"] - warmup)
-        return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    if schedule == "step":
-        return base * 0.1 ** sum(epoch >= m for m in train.get("milestones", []))
-    if schedule == "constant":
-        return base
-    raise ConfigError(
-        f"config key `train.schedule`: unknown schedule {schedule!r}; known: cosine, step, constant"
-    )
-
-
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(SslbenchError, ValueError):
     """An epoch checkpoint written by other method code than the one running (its keys or shapes differ)."""
 
 
@@ -197,12 +142,8 @@ class Trainer:
         self.amp = self.on_cuda and bool(self.train_cfg.get("amp", True))
         self.channels_last = self.on_cuda and bool(self.train_cfg.get("channels_last", True))
         self.compile_backbone = bool(self.train_cfg.get("compile", False))
-        if self.channels_last:
-            self.method.to(memory_format=torch.channels_last)
-        if self.compile_backbone:
-            # In place (nn.Module.compile): parameter names, hence checkpoints, stay as they are.
-            # Only the trained backbone: momentum encoders and heads are small or gradient-free.
-            self.method.backbone.compile()
+        # Only the trained backbone is compiled: momentum encoders and heads are small or gradient-free.
+        self.apply_fast_paths(self.method, self.method.backbone)
         self.images = batch_source(self.data.train, self.device, self.train_cfg.get("workers", 4))
         self.labels = self.data.train.labels.to(self.device)
         self.batch_size = int(self.train_cfg["batch_size"])
@@ -262,8 +203,16 @@ class Trainer:
             "compiled_backbone": self.compile_backbone,
         }
 
+    def apply_fast_paths(self, model: torch.nn.Module, backbone: torch.nn.Module) -> None:
+        """channels_last on ``model`` and torch.compile of ``backbone``, as this run uses them. In
+        place (nn.Module.compile): parameter names, hence checkpoints, stay as they are."""
+        if self.channels_last:
+            model.to(memory_format=torch.channels_last)
+        if self.compile_backbone:
+            backbone.compile()
+
     def autocast(self):
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
+        return autocast(self.device, self.amp)
 
     def epoch_context(self) -> EpochContext:
         return EpochContext(
@@ -330,17 +279,13 @@ class Trainer:
         return False
 
     # --- the loop ---------------------------------------------------------------------------
-    def _check_finite(self, loss: torch.Tensor, batch: int) -> float:
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise TrainingDiverged(
-                f"{self.cfg['method']}: loss is {value} at epoch {self.state.epoch + 1}, step {batch + 1} "
-                f"(global step {self.state.step}); last finite loss {self.state.last_finite_loss}. "
-                f"The last good checkpoint is kept in {self.out_dir / CHECKPOINT_DIR}. "
-                "Lower `train.lr` or check the method's loss."
-            )
-        self.state.last_finite_loss = value
-        return value
+    def _diverged(self, value: float, batch: int) -> str:
+        return (
+            f"{self.cfg['method']}: loss is {value} at epoch {self.state.epoch + 1}, step {batch + 1} "
+            f"(global step {self.state.step}); last finite loss {self.state.last_finite_loss}. "
+            f"The last good checkpoint is kept in {self.out_dir / CHECKPOINT_DIR}. "
+            "Lower `train.lr` or check the method's loss."
+        )
 
     def train_step(
         self, views: list[torch.Tensor], idx: torch.Tensor, lr: float, ctx: EpochContext, batch: int = 0
@@ -351,7 +296,7 @@ class Trainer:
         labels = self.labels[idx] if self.method.needs_labels else None
         with self.autocast():
             loss = self.loss_fn(views, labels, idx)
-        value = self._check_finite(loss, batch)
+        value = self.state.last_finite_loss = check_finite(loss, self._diverged, batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -360,19 +305,26 @@ class Trainer:
         self.method.on_step_end(ctx)
         return value
 
-    def train_epoch(self) -> dict:
-        epoch = self.state.epoch
-        order_gen, view_gen = epoch_generators(self.seed, epoch, self.rank)
+    def start_epoch(self) -> tuple[torch.Generator, torch.Generator, EpochContext, float]:
+        """(data order generator, views generator, context, hook seconds) of the epoch ``state.epoch``:
+        everything random re-seeded for it (epoch_generators), the method in train mode and its
+        on_epoch_start hook run."""
+        order_gen, view_gen = epoch_generators(self.seed, self.state.epoch, self.rank)
         self.method.train()
         ctx = self.epoch_context()
         t0 = time.perf_counter()
         self.method.on_epoch_start(ctx)
-        hook_seconds = time.perf_counter() - t0
-        order = torch.randperm(len(self.labels), generator=order_gen)
+        if self.on_cuda:
+            torch.cuda.synchronize()  # the hook's own time
+        return order_gen, view_gen, ctx, time.perf_counter() - t0
+
+    def train_epoch(self) -> dict:
+        epoch = self.state.epoch
+        order_gen, view_gen, ctx, hook_seconds = self.start_epoch()
         mine = slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
-        index_batches = [
-            order[b * self.batch_size : (b + 1) * self.batch_size][mine] for b in range(self.steps_per_epoch)
-        ]
+        # drop_last (min_size = batch_size): fixed-size batches (queues); each rank takes its shard
+        batches = shuffled_batches(len(self.labels), self.batch_size, order_gen, min_size=self.batch_size)
+        index_batches = [batch[mine] for batch in batches]
         image_batches = self.images.iterate(index_batches)
         total, seen = 0.0, 0
         t_steps = time.perf_counter()

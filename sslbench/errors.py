@@ -20,6 +20,10 @@ class SslbenchError(Exception):
     """Base of the errors whose message is the whole story."""
 
 
+class ConfigError(SslbenchError, ValueError):
+    """A setting that cannot work: the message names the key, the file that set it and the fix."""
+
+
 class UnreadableFileError(SslbenchError, ValueError):
     """A file the DAG wrote that does not read back: truncated, corrupted or missing."""
 

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from .augment import EvalTransform
-from .backbones import create_backbone
+from .backbones import backbone_from_config
+from .data import load_data
 from .distributed import select_device
-from .engine import load_data
 from .errors import unreadable
 from .featurefile import load_features, save_features  # noqa: F401  (re-exported)
 from .provenance import provenance
@@ -22,11 +22,7 @@ from .provenance import provenance
 
 def load_encoder(checkpoint: dict) -> torch.nn.Module:
     cfg, meta = checkpoint["cfg"], checkpoint["meta"]
-    encoder = create_backbone(
-        cfg["backbone"]["name"],
-        in_chans=meta["channels"],
-        small_stem=cfg["backbone"].get("small_stem", False),
-    )
+    encoder = backbone_from_config(cfg, meta["channels"])
     encoder.load_state_dict(checkpoint["encoder"])
     return encoder
 

@@ -37,6 +37,12 @@ def protocol_module(name: str):
         raise ResultError(f"unknown protocol {name!r}: no module evaluation/{name}.py") from err
 
 
+def side_file(result_path: str | Path) -> Path:
+    """Where a protocol writes the arrays behind its numbers, beside its result JSON
+    (eval/<protocol>.npz, the features-file format): the report draws from them."""
+    return Path(result_path).with_suffix(".npz")
+
+
 def run_protocol(
     protocol: str,
     features_path: str | Path,
@@ -45,16 +51,19 @@ def run_protocol(
     out_path: str | Path,
     checkpoint_path: str | Path | None = None,
 ) -> Path:
-    """Run one protocol on cached features and write its result JSON atomically."""
+    """Run one protocol on cached features and write its result JSON atomically (a protocol with
+    WRITES_SIDE_FILE writes its side file first, beside it)."""
     module = protocol_module(protocol)
     from .featurefile import load_features
 
     features = load_features(features_path)
-    start = time.perf_counter()
+    extra = {}
     if getattr(module, "NEEDS_CHECKPOINT", False):
-        metrics, used = module.evaluate(features, settings, seed, checkpoint_path=checkpoint_path)
-    else:
-        metrics, used = module.evaluate(features, settings, seed)
+        extra["checkpoint_path"] = checkpoint_path
+    if getattr(module, "WRITES_SIDE_FILE", False):
+        extra["side_file"] = side_file(out_path)
+    start = time.perf_counter()
+    metrics, used = module.evaluate(features, settings, seed, **extra)
     wall = time.perf_counter() - start
     bad = {k: v for k, v in metrics.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
     if bad:

@@ -20,7 +20,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from .config import PAPER_FIELDS, ConfigError, deep_merge, load_yaml, paper_entries, resolve_method_config
+from .config import (
+    DEFAULT_FILE,
+    PAPER_FIELDS,
+    SCHEMA_FILE,
+    ConfigError,
+    load_config,
+    paper_entries,
+    resolve_runs,
+)
 from .errors import SslbenchError
 
 ALPHA = 0.05
@@ -241,30 +249,31 @@ def read_paper_results(methods_dir: str | Path) -> pd.DataFrame:
 def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str) -> list[dict]:
     """(preset file, dataset, backbone, epochs) that each config/*.yaml gives this method.
 
-    A preset is merged over config/default.yaml, as Snakemake's --configfile does, and the
-    method's own config.yaml may change its epochs, so the method's config is resolved.
+    Each preset is loaded as the Snakefile loads it (config.load_config: merged over
+    config/default.yaml), and the method's own config.yaml may change its epochs, so the run's
+    settings are resolved.
     """
     config_dir = Path(config_dir)
-    default_path = config_dir / "default.yaml"
-    default = load_yaml(default_path) if default_path.exists() else {}
     out = []
     for path in sorted(config_dir.glob("*.yaml")):
-        if path.name == "schema.yaml":
+        if path.name == SCHEMA_FILE:
             continue
-        cfg = deep_merge(default, load_yaml(path)) if path != default_path else default
+        # Only read for its dataset, backbone and epochs: not checked against the schema here.
+        cfg = load_config(config_dir, [] if path.name == DEFAULT_FILE else [path], validate=False)
         try:
-            resolved = resolve_method_config(cfg, methods_dir, method)
+            runs = resolve_runs(cfg, methods_dir, [method])
         except (ConfigError, KeyError):
             continue  # a preset that cannot run this method cannot reproduce its numbers
-        out.append(
+        out += [
             {
                 "preset": f"{config_dir.name}/{path.name}",
                 "stem": path.stem,
-                "dataset": resolved["dataset"].get("label") or resolved["dataset"].get("name"),
+                "dataset": dataset,
                 "backbone": resolved["backbone"].get("name"),
                 "epochs": resolved["train"].get("epochs"),
             }
-        )
+            for (dataset, _), resolved in runs.items()
+        ]
     return out
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+
+from sslbench.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS_DIR = REPO / "methods"
@@ -47,13 +48,15 @@ def require(component: str, missing: str | None) -> None:
 
 
 def tiny_suite_config(**train) -> dict:
-    """config/default.yaml shrunk to seconds: 8x8 digits, 2 epochs, batch 64."""
-    with open(REPO / "config" / "default.yaml") as f:
-        cfg = yaml.safe_load(f)
-    cfg["dataset"]["image_size"] = 8
-    cfg["train"].update({"epochs": 2, "batch_size": 64, **train})
-    cfg["seeds"] = [0]
-    return cfg
+    """config/default.yaml shrunk to seconds: 8x8 digits, 2 epochs, batch 64 (loaded as the Snakefile
+    loads it, with these as --config overrides)."""
+    tiny = {"dataset": {"image_size": 8}, "train": {"epochs": 2, "batch_size": 64, **train}, "seeds": [0]}
+    return load_config(REPO / "config", overrides=tiny)
+
+
+def preset_config(name: str) -> dict:
+    """config/<name>.yaml merged over config/default.yaml by the one loader, as `--configfile` does."""
+    return load_config(REPO / "config", [REPO / "config" / f"{name}.yaml"])
 
 
 @pytest.fixture

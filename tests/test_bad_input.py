@@ -1,6 +1,5 @@
 """Bad input gets one clear message naming the file, the key and the fix, before any training."""
 
-import copy
 import re
 import subprocess
 import sys
@@ -9,20 +8,16 @@ import pytest
 import yaml
 from conftest import REPO, tiny_suite_config
 
-from sslbench.config import ConfigError, load_yaml, preflight, validate_config
+from sslbench.config import ConfigError, load_config, preflight
 
-SCHEMA = REPO / "config" / "schema.yaml"
-DEFAULT = REPO / "config" / "default.yaml"
+CONFIG_DIR = REPO / "config"
 
 
 def check(tmp_path, preset: dict) -> str:
     path = tmp_path / "preset.yaml"
     path.write_text(yaml.safe_dump(preset))
-    config = copy.deepcopy(load_yaml(DEFAULT))
-    from sslbench.config import deep_merge
-
     with pytest.raises(ConfigError) as err:
-        validate_config(deep_merge(config, preset), SCHEMA, [DEFAULT, path])
+        load_config(CONFIG_DIR, [path])
     message = str(err.value)
     assert str(path) in message, message  # names the file that set the key
     return message
@@ -45,12 +40,10 @@ def test_config_errors_name_file_key_and_expectation(tmp_path, preset, expected)
 
 
 def test_default_and_every_preset_validate():
-    for path in sorted((REPO / "config").glob("*.yaml")):
+    for path in sorted(CONFIG_DIR.glob("*.yaml")):
         if path.name == "schema.yaml":
             continue
-        from sslbench.config import deep_merge
-
-        validate_config(deep_merge(load_yaml(DEFAULT), load_yaml(path)), SCHEMA, [DEFAULT, path])
+        load_config(CONFIG_DIR, [path])
 
 
 def test_unknown_backbone_is_caught_before_training():
@@ -102,11 +95,12 @@ PRESETS = sorted(p for p in (REPO / "config").glob("*.yaml") if p.name not in ("
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 def test_every_preset_resolves_for_every_method(preset):
-    from sslbench.config import deep_merge, resolve_method_config, selected_methods
+    from sslbench.config import resolve_runs, selected_methods
 
-    config = deep_merge(load_yaml(DEFAULT), load_yaml(preset))
-    for method in selected_methods(config, REPO / "methods"):
-        resolved = resolve_method_config(config, REPO / "methods", method)
+    config = load_config(CONFIG_DIR, [preset])
+    runs = resolve_runs(config, REPO / "methods", selected_methods(config, REPO / "methods"))
+    assert runs
+    for resolved in runs.values():
         assert resolved["train"]["epochs"] >= 1
 
 

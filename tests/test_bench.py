@@ -12,19 +12,10 @@ import pandas as pd
 import pytest
 from conftest import tiny_suite_config
 
-from sslbench.bench import (
-    COLUMNS,
-    SECTIONS,
-    Repeats,
-    Sizes,
-    check_sections,
-    exp_vote_weights,
-    inertia,
-    run_bench,
-    run_measured,
-    sela_settings,
-    snakemake_benchmarks,
-)
+from sslbench.bench import COLUMNS, SECTIONS, Repeats, Sizes, run_bench
+from sslbench.bench.core import Bench, check_sections
+from sslbench.bench.jobs import planned_jobs, run_measured, snakemake_benchmarks
+from sslbench.bench.solvers import exp_vote_weights, inertia, sela_settings
 from sslbench.config import ConfigError
 
 TINY = Sizes(
@@ -169,6 +160,33 @@ def test_memory_rows_measure_real_jobs(tmp_path):
     assert 10 < memory["value"].iloc[2] < 0.5 * baseline
     assert (memory["reference"] == 4000).all()  # resources.<rule>.mem_mb of the config
     assert_ratios_positive_and_finite(frame)
+
+
+def test_memory_section_runs_the_jobs_snakemake_plans(tmp_path):
+    config = tiny_config(protocols=["knn", "clustering"])
+    bench = Bench(config, None, ["supervised"], TINY, FAST, "cpu", 1, 3, tmp_path, True)
+    preset = tmp_path / "one.yaml"
+    preset.write_text("methods: [supervised]\nseeds: [3]\n")
+    jobs = planned_jobs(bench, tmp_path / "plan", preset, target="results/table.csv")
+    assert sorted((j.rule, j.wildcards.get("protocol")) for j in jobs) == [
+        ("collect", None),
+        ("evaluate", "clustering"),
+        ("evaluate", "knn"),
+        ("extract", None),
+        ("pretrain", None),
+    ]
+    run = "results/digits/supervised/seed3"
+    for job in jobs:
+        if job.rule == "evaluate":
+            protocol = job.wildcards["protocol"]
+            wildcards = {"dataset": "digits", "method": "supervised", "seed": "3", "protocol": protocol}
+            assert job.wildcards == wildcards
+            assert job.shell.startswith(f"sslbench evaluate --protocol {protocol} --features {run}/")
+            assert set(job.files) == {
+                f"{run}/eval/{protocol}.json",
+                f"{run}/logs/{protocol}.log",
+                f"{run}/benchmarks/{protocol}.tsv",
+            }
 
 
 def test_snakemake_benchmark_files_are_found_and_others_ignored(tmp_path):

@@ -17,6 +17,7 @@ from sslbench.clustering import (
     sinkhorn,
     sinkhorn_labels,
 )
+from sslbench.kmeans import kmeans as faiss_kmeans
 
 SEEDS = [0, 1, 2]
 
@@ -67,6 +68,25 @@ def test_kmeans_same_seed_same_result(seed):
     assert torch.equal(first.centroids, second.centroids)
     assert torch.equal(first.assignments, second.assignments)
     assert first.inertia == second.inertia
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_kmeans_subsamples_only_when_asked(seed):
+    """Converged Lloyd on every point puts each centroid at the mean of the points assigned to it;
+    trained on a sample of k x 10 points (max_points_per_centroid=10) it does not."""
+    rng = np.random.default_rng(seed)
+    x = (8 * rng.normal(size=(4, 3))[np.arange(2000) % 4] + rng.normal(size=(2000, 3))).astype(np.float32)
+
+    def worst_gap(found):
+        means = np.stack([x[found.assignments == c].mean(0) for c in range(4)])
+        return np.abs(means - found.centroids).max()
+
+    every = faiss_kmeans(x, 4, niter=50, nredo=5, seed=seed, max_points_per_centroid=None)
+    assert worst_gap(every) < 1e-4
+    assert worst_gap(faiss_kmeans(x, 4, niter=50, nredo=5, seed=seed, max_points_per_centroid=10)) > 1e-2
+    # faiss's default, 256 per centroid, covers 1024 points at k = 4: there it trains on every point
+    default, every = (faiss_kmeans(x[:1024], 4, seed=seed, max_points_per_centroid=m) for m in (256, None))
+    assert np.array_equal(default.centroids, every.centroids)
 
 
 def test_kmeans_with_more_clusters_than_points_is_a_clear_error():
@@ -201,8 +221,10 @@ def assert_marginals(plan, tol):
 @pytest.mark.parametrize("lam,scale", [(1.0, 3.0), (10.0, 3.0), (10.0, 1.0), (25.0, 1.0)])
 def test_sinkhorn_plan_has_uniform_marginals(seed, lam, scale):
     probs = softmax_rows(seed, 300, 12, scale=scale)
-    plan, iterations = sinkhorn(probs, lam, return_iters=True)
+    found = sinkhorn(probs, lam)
+    plan, iterations = found.plan, found.iterations
     assert iterations < 1000  # converged, not stopped by max_iters
+    assert found.domain == "matrix-vector"  # no column near underflow here
     assert torch.all(plan >= 0)
     assert_marginals(plan, tol=1e-6 * 1.01)
 
@@ -210,7 +232,7 @@ def test_sinkhorn_plan_has_uniform_marginals(seed, lam, scale):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_sinkhorn_on_float32_input_returns_float32_with_the_same_marginals(seed):
     probs = softmax_rows(seed, 200, 10, scale=1.0, dtype=torch.float32)
-    plan = sinkhorn(probs, 25.0)
+    plan = sinkhorn(probs, 25.0).plan
     assert plan.dtype == torch.float32
     assert_marginals(plan, tol=2e-6)
 
@@ -222,7 +244,10 @@ def test_sinkhorn_is_invariant_to_rescaling_rows(seed):
         torch.randn(100, 1, generator=torch.Generator().manual_seed(seed + 100), dtype=torch.float64)
     )
     torch.testing.assert_close(
-        sinkhorn(probs * factors, 10.0, tol=1e-10), sinkhorn(probs, 10.0, tol=1e-10), rtol=1e-6, atol=0
+        sinkhorn(probs * factors, 10.0, tol=1e-10).plan,
+        sinkhorn(probs, 10.0, tol=1e-10).plan,
+        rtol=1e-6,
+        atol=0,
     )
 
 
@@ -232,7 +257,7 @@ def test_sinkhorn_with_lam_25_on_near_one_hot_probs_stays_finite(seed):
     assert (probs.pow(25) == 0).any()  # the naive P^lam underflows here
     # Such peaked kernels converge slowly; finiteness is the point here.
     with pytest.warns(RuntimeWarning, match="max_iters=50"):
-        plan = sinkhorn(probs, 25.0, max_iters=50)
+        plan = sinkhorn(probs, 25.0, max_iters=50).plan
     assert torch.isfinite(plan).all() and torch.all(plan >= 0)
     assert plan.sum().item() == pytest.approx(1.0, rel=1e-9)
     torch.testing.assert_close(plan.sum(dim=1) * 200, torch.ones(200, dtype=torch.float64))  # rows set last
@@ -253,7 +278,9 @@ def naive_sinkhorn(probs, lam, iterations=3000):
 @pytest.mark.parametrize("lam", [0.5, 1.0, 3.0])
 def test_sinkhorn_agrees_with_naive_sinkhorn_at_small_lam(seed, lam):
     probs = softmax_rows(seed, 60, 6, scale=1.0)
-    torch.testing.assert_close(sinkhorn(probs, lam, tol=1e-12), naive_sinkhorn(probs, lam), rtol=1e-8, atol=0)
+    torch.testing.assert_close(
+        sinkhorn(probs, lam, tol=1e-12).plan, naive_sinkhorn(probs, lam), rtol=1e-8, atol=0
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -269,6 +296,12 @@ def test_sinkhorn_matrix_vector_and_log_domain_forms_reach_the_same_plan(seed, l
     torch.testing.assert_close(
         a[:, None] * kernel * b[None, :], (log_a[:, None] + log_kernel + log_b).exp(), rtol=1e-9, atol=0
     )
+    # The public switch: domain="log" runs the log domain from the start, to the same plan.
+    probs = softmax_rows(seed, 300, 12, scale=scale)
+    auto, log = sinkhorn(probs, lam, tol=1e-11, max_iters=5000), sinkhorn(probs, lam, 1e-11, 5000, "log")
+    assert (auto.domain, log.domain) == ("matrix-vector", "log")
+    assert (auto.iterations, log.iterations) == (iterations, log_iterations)
+    torch.testing.assert_close(auto.plan, log.plan, rtol=1e-9, atol=0)
 
 
 def test_sinkhorn_works_in_the_log_domain_when_a_column_would_underflow():
@@ -282,7 +315,9 @@ def test_sinkhorn_works_in_the_log_domain_when_a_column_would_underflow():
         assert (
             _sinkhorn_scalings(kernel, 1e-6, 1000) is None
         )  # the matrix-vector form cannot give column 0 mass
-    plan = sinkhorn(probs, 25.0)
+    found = sinkhorn(probs, 25.0)
+    plan = found.plan
+    assert found.domain == "log"
     assert_marginals(plan, tol=1e-6 * 1.01)  # column 0 gets its 1/K all the same
     log_a, log_b, _ = _sinkhorn_log_scalings(log_kernel, 1e-6, 1000)
     torch.testing.assert_close(plan, (log_a[:, None] + log_kernel + log_b).exp(), rtol=1e-12, atol=0)
@@ -302,13 +337,13 @@ def test_sinkhorn_labels_are_balanced_when_predictions_collapse_to_one_class(see
 
 
 def test_sinkhorn_labels_of_exactly_uniform_probs_follow_a_uniform_plan():
-    plan = sinkhorn(torch.full((40, 5), 0.2, dtype=torch.float64), 25.0)
+    plan = sinkhorn(torch.full((40, 5), 0.2, dtype=torch.float64), 25.0).plan
     torch.testing.assert_close(plan, torch.full((40, 5), 1 / 200, dtype=torch.float64))
 
 
 def test_sinkhorn_stops_at_max_iters():
     with pytest.warns(RuntimeWarning, match="max_iters=7"):
-        _, iterations = sinkhorn(softmax_rows(0, 50, 5), 25.0, tol=0.0, max_iters=7, return_iters=True)
+        iterations = sinkhorn(softmax_rows(0, 50, 5), 25.0, tol=0.0, max_iters=7).iterations
     assert iterations == 7
 
 
@@ -317,14 +352,16 @@ def test_sinkhorn_rejects_bad_input():
         sinkhorn(torch.tensor([[0.5, -0.5]]), 1.0)
     with pytest.raises(ValueError, match="lam"):
         sinkhorn(torch.full((2, 2), 0.5), 0.0)
+    with pytest.raises(ValueError, match="unknown domain 'float32'"):
+        sinkhorn(torch.full((2, 2), 0.5), 1.0, domain="float32")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_sinkhorn_on_cuda_matches_cpu():
     probs = softmax_rows(0, 300, 12)
-    on_gpu = sinkhorn(probs.cuda(), 25.0)
+    on_gpu = sinkhorn(probs.cuda(), 25.0).plan
     assert on_gpu.is_cuda
-    torch.testing.assert_close(on_gpu.cpu(), sinkhorn(probs, 25.0), rtol=1e-6, atol=0)
+    torch.testing.assert_close(on_gpu.cpu(), sinkhorn(probs, 25.0).plan, rtol=1e-6, atol=0)
 
 
 # --------------------------------------------------------------------------- equipartition

@@ -8,15 +8,8 @@ import torch
 from conftest import METHODS_DIR, require
 
 from sslbench import cli
-from sslbench.engine import (
-    CheckpointMismatch,
-    Trainer,
-    TrainingDiverged,
-    learning_rate,
-    make_optimizer,
-    pretrain,
-    uses_fused_optimizer,
-)
+from sslbench.engine import CheckpointMismatch, Trainer, pretrain
+from sslbench.loop import TrainingDiverged, learning_rate, make_optimizer, uses_fused_optimizer
 
 
 def schedule(**kw):

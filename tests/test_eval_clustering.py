@@ -7,6 +7,8 @@ from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, nor
 
 from evaluation import clustering
 from evaluation.common import l2_normalize, seed_for
+from sslbench.featurefile import load_features
+from sslbench.kmeans import kmeans
 
 
 def feature_dict(test, test_labels, num_classes, n_train=20, dim=None):
@@ -30,7 +32,7 @@ def one_hot(seed, num_classes=6, n=300, noise=0.02):
 
 def test_kmeans_recovers_well_separated_classes():
     x, labels = one_hot(0)
-    clusters = clustering.kmeans_assign(l2_normalize(x), 6, niter=20, nredo=3, spherical=False, seed=1)
+    clusters = kmeans(l2_normalize(x), 6, niter=20, nredo=3, seed=1, max_points_per_centroid=None).assignments
     assert adjusted_mutual_info_score(labels, clusters) == pytest.approx(1.0)
 
 
@@ -65,9 +67,11 @@ def test_metrics_are_sklearns_on_each_restart_averaged_with_seeds_derived_from_t
     metrics, _ = clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)
 
     def restarts(k):  # the assignments of each restart, from the seed (seed, k, restart)
-        return [
-            clustering.kmeans_assign(l2_normalize(x), k, 10, 1, False, seed_for(7, k, r)) for r in range(3)
+        found = [
+            kmeans(l2_normalize(x), k, niter=10, seed=seed_for(7, k, r), max_points_per_centroid=None)
+            for r in range(3)
         ]
+        return [f.assignments for f in found]
 
     per_restart = {
         "ami": [adjusted_mutual_info_score(labels, a) for a in restarts(4)],
@@ -95,3 +99,27 @@ def test_settings_errors():
         clustering.evaluate(feature_dict(x, labels, 6), {"k": 5}, seed=0)
     with pytest.raises(ValueError, match="restarts"):
         clustering.evaluate(feature_dict(x, labels, 6), {"restarts": 0}, seed=0)
+
+
+def test_side_file_holds_the_assignments_it_scored_and_a_tsne_of_a_fixed_subset(tmp_path, monkeypatch):
+    monkeypatch.setattr(clustering, "TSNE_POINTS", 100)  # the cap, lowered: exact t-SNE of 500 takes seconds
+    x, labels = one_hot(6, num_classes=4, n=90, noise=0.5)
+    features = feature_dict(x, labels, 4)
+    metrics, used = clustering.evaluate(features, {"restarts": 3}, seed=2, side_file=tmp_path / "c.npz")
+    # writing the side file changes no number
+    assert (metrics, used) == clustering.evaluate(features, {"restarts": 3}, seed=2)
+    side = load_features(tmp_path / "c.npz")
+    assert side["assignments"].shape == (3, 90) and side["meta"]["kmeans"]["k"] == 4
+    # the report's k-means picture is the protocol's own: these are the clusterings it scored
+    scored = [adjusted_mutual_info_score(labels, a) for a in side["assignments"]]
+    assert np.mean(scored) == pytest.approx(metrics["ami"]) and len(set(scored)) > 1
+    assert side["tsne"].shape == (90, 2) and np.isfinite(side["tsne"]).all()
+    assert np.array_equal(side["tsne_labels"], labels[side["tsne_index"]])
+    # at most TSNE_POINTS test points, the same subset whatever the run seed
+    many = feature_dict(*one_hot(7, num_classes=4, n=clustering.TSNE_POINTS + 50), 4)
+    subsets = []
+    for seed in (0, 1):
+        path = tmp_path / f"{seed}.npz"
+        clustering.evaluate(many, {"restarts": 1, "overcluster": []}, seed=seed, side_file=path)
+        subsets.append(load_features(path)["tsne_index"])
+    assert len(subsets[0]) == clustering.TSNE_POINTS and np.array_equal(*subsets)

@@ -14,6 +14,7 @@ from sslbench.config import resolve_method_config
 from sslbench.data import ImageSet, load_dataset
 from sslbench.engine import pretrain
 from sslbench.features import embed, extract, load_encoder, read_checkpoint
+from sslbench.loop import learning_rate
 from sslbench.results import read_result, run_protocol
 
 FAST = {"mode": "paper", "epochs": 3, "milestones": [2], "batch_size": 128}
@@ -117,7 +118,16 @@ def test_learning_rate_drops_tenfold_at_each_milestone():
         0.9,
         0.0,
     )
-    lrs = {epoch: linear.paper_lr(used, epoch) for epoch in (0, 59, 60, 79, 80, 99)}
+    steps_per_epoch = 7  # the lr holds for a whole epoch: its first and last step
+    lrs = {
+        epoch: {
+            learning_rate(linear.paper_schedule(used), epoch * steps_per_epoch + s, steps_per_epoch)
+            for s in (0, 6)
+        }
+        for epoch in (0, 59, 60, 79, 80, 99)
+    }
+    assert all(len(values) == 1 for values in lrs.values())
+    lrs = {epoch: values.pop() for epoch, values in lrs.items()}
     assert lrs[0] == lrs[59] == 30.0
     assert math.isclose(lrs[60], 3.0) and math.isclose(lrs[79], 3.0)
     assert math.isclose(lrs[80], 0.3) and math.isclose(lrs[99], 0.3)

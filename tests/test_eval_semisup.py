@@ -16,8 +16,8 @@ from PIL import Image
 from evaluation import semisup
 from sslbench.augment import ViewAugment, view_config
 from sslbench.config import resolve_method_config
-from sslbench.data import ImageSet, load_dataset
-from sslbench.engine import load_data, pretrain
+from sslbench.data import ImageSet, load_data, load_dataset
+from sslbench.engine import pretrain
 from sslbench.features import read_checkpoint
 
 FAST = {"epochs": {"1pct": 20, "10pct": 10}, "lr_grid": [0.01, 0.03]}

@@ -7,13 +7,14 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, REPO
+from conftest import METHODS_DIR, preset_config
 from torch import nn
 
 from sslbench.augment import ViewConfig, view_config
 from sslbench.backbones import create_backbone
-from sslbench.config import deep_merge, load_yaml, resolve_method_config
-from sslbench.engine import Trainer, build_method, load_data
+from sslbench.config import resolve_method_config
+from sslbench.data import load_data
+from sslbench.engine import Trainer, build_method
 from sslbench.losses import info_nce
 from sslbench.method import EpochContext
 from sslbench.momentum import (
@@ -293,13 +294,6 @@ DEMO_VIEWS = ViewConfig(
     grey_first=False,
     blur_p=0.0,
 )
-
-
-def preset_config(name: str) -> dict:
-    """config/<name>.yaml merged over config/default.yaml, as `--configfile` does."""
-    return deep_merge(
-        load_yaml(REPO / "config" / "default.yaml"), load_yaml(REPO / "config" / f"{name}.yaml")
-    )
 
 
 @pytest.mark.parametrize("preset", ["cifar10", "cifar100"])

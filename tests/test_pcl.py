@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, REPO
+from conftest import METHODS_DIR, REPO, preset_config
 
-from sslbench.config import deep_merge, load_yaml, resolve_method_config
-from sslbench.engine import Trainer, build_method, load_data
+from sslbench.config import resolve_method_config
+from sslbench.data import load_data
+from sslbench.engine import Trainer, build_method
 from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce
 
 BATCH = 64  # the tiny suite's batch size (tests/conftest.py)
@@ -170,8 +171,7 @@ PRESETS = sorted(p.stem for p in (REPO / "config").glob("*.yaml") if p.stem != "
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_runs_the_official_logits_and_says_so(preset):
     path = REPO / "config" / f"{preset}.yaml"
-    merged = deep_merge(load_yaml(REPO / "config" / "default.yaml"), load_yaml(path))
-    params = resolve_method_config(merged, METHODS_DIR, "pcl")["params"]
+    params = resolve_method_config(preset_config(preset), METHODS_DIR, "pcl")["params"]
     assert params["proto_logits"] == "official"
     header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
     assert "proto_logits: official" in header

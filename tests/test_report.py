@@ -21,8 +21,12 @@ import yaml
 from conftest import REPO, require
 from matplotlib import image as mpimg
 
+from evaluation import clustering
 from sslbench.features import save_features
-from sslbench.report import ReportInputError, build_report, sorted_sizes
+from sslbench.report import ReportInputError, build_report
+from sslbench.report.figures import kmeans_sizes, kmeans_title, read_clustering_side_file, sorted_sizes
+from sslbench.report.tables import first_seed_runs, read_runs
+from sslbench.results import side_file
 from sslbench.stats import HEADLINE
 
 DATASET = "digits"
@@ -137,7 +141,10 @@ def write_run(folder: Path, method: str, seed: int, offset: float, rng) -> None:
         labels = np.arange(size) % CLASSES
         features[split] = (centres[labels] + rng.normal(0, 0.3, (size, 16))).astype(np.float32)
         features[f"{split}_labels"] = labels
-    save_features(folder / "features.npz", {**features, "num_classes": CLASSES, "meta": {"seed": seed}})
+    features = {**features, "num_classes": CLASSES, "meta": {"seed": seed}}
+    save_features(folder / "features.npz", features)
+    # the clustering protocol itself writes what the report's t-SNE and k-means figures draw
+    clustering.evaluate(features, {}, seed, side_file=side_file(folder / "eval" / "clustering.json"))
     if method == "pcl":  # E-step assignments of two clusterings, as PCL keeps them in its method state
         assign = torch.stack([torch.arange(80) % 4, torch.arange(80) % 8])
         torch.save(
@@ -201,7 +208,7 @@ def report(tmp_path_factory):
     results = write_results(root)
     methods, config = write_methods_and_presets(root)
     out = root / "out"
-    path = build_report(results, methods, config, out, tsne_points=60)
+    path = build_report(results, methods, config, out)
     return {"root": root, "results": results, "out": out, "html": path.read_text(), "path": path}
 
 
@@ -446,6 +453,19 @@ def test_cluster_sizes_sorted_and_complete():
     sizes = sorted_sizes(np.concatenate([labels, [-1, -1]]), k=9)  # -1: unassigned, not counted
     assert sizes.sum() == 200 and len(sizes) == 9 and (np.diff(sizes) <= 0).all()
     assert list(sizes) == sorted(np.bincount(labels, minlength=9), reverse=True)
+
+
+def test_kmeans_figure_shows_the_clustering_protocols_own_run_and_says_which(report):
+    runs = read_runs(report["results"], pd.read_csv(report["results"] / "table.csv"))
+    sides = {r.method: read_clustering_side_file(r) for r in first_seed_runs(runs, DATASET)}
+    assert set(sides) == set(METHODS)
+    for method, sizes in kmeans_sizes(sides):
+        first_restart = sides[method]["assignments"][0]  # what the protocol scored in its first restart
+        assert list(sizes) == sorted(np.bincount(first_restart, minlength=CLASSES), reverse=True)
+    assert kmeans_title(sides, DATASET) == (
+        f"{DATASET}: cluster sizes of the clustering protocol's faiss k-means on test features "
+        "(k = 4, 50 iterations, best of 1, every test point, restart 1 of 5)"
+    )
 
 
 def test_missing_inputs_name_the_file(tmp_path, report):

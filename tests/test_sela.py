@@ -5,12 +5,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, REPO, fixed_batch_losses, tiny_suite_config
+from conftest import METHODS_DIR, fixed_batch_losses, preset_config, tiny_suite_config
 
 from sslbench.augment import VIEW_PRESETS, view_config
 from sslbench.clustering import sinkhorn, sinkhorn_labels
-from sslbench.config import deep_merge, load_yaml, resolve_method_config
-from sslbench.engine import Trainer, build_method, learning_rate, load_data, pretrain
+from sslbench.config import resolve_method_config
+from sslbench.data import load_data
+from sslbench.engine import Trainer, build_method, pretrain
+from sslbench.loop import learning_rate
 from sslbench.plugins import load_method_class
 
 SeLa = load_method_class(METHODS_DIR / "sela")
@@ -139,7 +141,7 @@ def test_relabelled_counts_are_balanced(tmp_path, method_config):
     for h, labels in enumerate(method.labels):
         plan = sinkhorn(
             F.softmax(head_logits(method, h, features).double(), dim=1), 25.0, tol=1e-6, max_iters=5000
-        )
+        ).plan
         off_max_mass = float((1 - num_train * plan.max(dim=1).values).clamp_min(0).sum())
         counts = torch.bincount(labels, minlength=8)
         assert (counts - num_train / 8).abs().max() <= off_max_mass + 1
@@ -200,13 +202,6 @@ def test_trains_on_tiny_config(tmp_path, method_config):
 
 
 # --- the recipes ----------------------------------------------------------------------------
-
-
-def preset_config(name: str) -> dict:
-    """config/<name>.yaml merged over config/default.yaml, as `--configfile` does."""
-    return deep_merge(
-        load_yaml(REPO / "config" / "default.yaml"), load_yaml(REPO / "config" / f"{name}.yaml")
-    )
 
 
 def main_py_lr(epoch: int, lr=0.08, lrdrop=150) -> float:

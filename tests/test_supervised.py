@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
 
-from sslbench.engine import Trainer, build_method, load_data
+from sslbench.data import load_data
+from sslbench.engine import Trainer, build_method
 
 
 @pytest.fixture(scope="module")

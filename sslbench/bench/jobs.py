@@ -1,0 +1,243 @@
+"""The memory and dag sections: the real Snakefile and snakemake in child processes, so nothing
+here retypes the Snakefile's command lines. memory: the jobs snakemake plans for one (method, seed),
+each run alone under a wrapper that reads its exact peak RSS (snakemake's own `benchmark:` files
+sample memory every 0.5 s, then every 30 s, and miss short peaks and short jobs). dag: the whole
+DAG run by snakemake, with each job's `benchmark:` file."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from ..config import ConfigError
+from .core import REPO, Bench, row
+
+# ru_maxrss is a high-water mark that survives exec: a child forked from this (large) process
+# starts with our RSS. So each command runs under a small Python wrapper, and the wrapper's own
+# child, forked from a fresh interpreter, is the one measured.
+PEAK_RSS_WRAPPER = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(child.pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def run_measured(
+    command: list[str], log: Path, env: dict | None = None, cwd: Path = REPO
+) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MiB of the command's largest process) of a command that must succeed."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    peak_file = log.with_suffix(".maxrss")
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS_WRAPPER, str(peak_file), *command],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        tail = log.read_text()[-2000:]
+        raise RuntimeError(
+            f"benchmark command failed (exit {done.returncode}): {' '.join(command)}\n"
+            f"last lines of {log}:\n{tail}"
+        )
+    return wall, int(peak_file.read_text()) / 1024  # Linux reports KiB
+
+
+def child_env() -> dict:
+    """PATH with this interpreter's scripts first (the Snakefile's rules call `sslbench`)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def memory_method(methods: list[str]) -> str:
+    """PCL when selected (momentum encoder, queue and k-means: the largest), else the first."""
+    if not methods:
+        raise ConfigError("the memory section needs at least one method")
+    return "pcl" if "pcl" in methods else methods[0]
+
+
+@dataclass
+class PlannedJob:
+    rule: str
+    wildcards: dict[str, str]
+    files: list[str]  # its output, log and benchmark files
+    shell: str  # its command, as snakemake renders it from the Snakefile
+
+
+def planned_jobs(bench: Bench, directory: Path, *presets: Path, target: str) -> list[PlannedJob]:
+    """The jobs snakemake plans for ``target`` in ``directory`` (a dry run of the real Snakefile)."""
+    command = [a for a in snakemake_command(bench, directory, *presets, target=target) if a != "--quiet"]
+    done = subprocess.run(
+        [*command, "--dry-run", "--printshellcmds"], cwd=REPO, env=child_env(), capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"snakemake could not plan {target}:\n{(done.stdout + done.stderr)[-2000:]}")
+    jobs, block = [], {}
+    for line in done.stdout.splitlines():
+        if found := re.match(r"^(?:local)?rule (\w+):$", line):
+            block = {"rule": found[1], "wildcards": {}, "files": []}
+        elif found := re.match(r"^\s+(?:output|log|benchmark): (.+)$", line):
+            block["files"] += found[1].split(", ")
+        elif found := re.match(r"^\s+wildcards: (.+)$", line):
+            block["wildcards"] = dict(pair.split("=", 1) for pair in found[1].split(", "))
+        elif line.startswith("Shell command: "):
+            jobs.append(PlannedJob(**block, shell=line.removeprefix("Shell command: ")))
+    return jobs
+
+
+def bench_memory(bench: Bench) -> list[dict]:
+    """Peak memory of one (method, seed)'s jobs, pretrain, extract and every protocol, each run alone
+    as snakemake plans it, against what each rule declares (config ``resources``)."""
+    env = child_env()
+    _, baseline = run_measured(
+        [sys.executable, "-c", "import torch, sslbench.engine, evaluation.common"],
+        bench.workdir / "logs" / "import.log",
+        env,
+    )
+    name = memory_method(bench.methods)
+    preset = bench.workdir / "memory.yaml"
+    preset.write_text(yaml.safe_dump({"methods": [name], "seeds": [bench.seed]}))
+    directory = bench.workdir / "memory"
+    planned = planned_jobs(bench, directory, preset, target="results/table.csv")
+    jobs = {(job.rule, job.wildcards.get("protocol")): job for job in planned}
+    rows = []
+    for rule, protocol in [("pretrain", None), ("extract", None)] + [
+        ("evaluate", p) for p in bench.config.get("protocols", [])
+    ]:
+        job = jobs[rule, protocol]
+        for file in job.files:  # as snakemake does before it runs a job
+            (directory / file).parent.mkdir(parents=True, exist_ok=True)
+        label = " ".join(filter(None, (rule, name, protocol)))
+        wall, peak = run_measured(
+            ["bash", "-c", job.shell],
+            bench.workdir / "logs" / f"{label.replace(' ', '_')}.log",
+            env,
+            directory,
+        )
+        declared = float(bench.config.get("resources", {}).get(rule, {}).get("mem_mb", 4000))
+        rows.append(
+            row(
+                "memory",
+                label,
+                peak,
+                "MiB",
+                reference=declared,
+                ratio=peak / declared,
+                ratio_is="peak RSS / declared resources.mem_mb",
+                target=("<=", 1.0),
+                notes=f"wall {wall:.1f} s; the job's command as snakemake plans it, run alone; a bare "
+                f"`import torch, sslbench` peaks at {baseline:.0f} MiB",
+            )
+        )
+    return rows
+
+
+SNAKEMAKE_BENCHMARK_HEADER = re.compile(r"^s\th:m:s\t.*max_rss")
+
+
+def snakemake_benchmarks(folder: Path) -> pd.DataFrame:
+    """Every file a `benchmark:` directive wrote under ``folder`` (its first line is Snakemake's header)."""
+    frames = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.suffix in (".tsv", ".txt") and path.stat().st_size < 1_000_000:
+            with open(path, errors="replace") as f:
+                if SNAKEMAKE_BENCHMARK_HEADER.match(f.readline()):
+                    frames.append(pd.read_csv(path, sep="\t").assign(file=str(path.relative_to(folder))))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def snakemake_command(bench: Bench, directory: Path, *presets: Path, target: str | None = None) -> list[str]:
+    """snakemake on the repository's Snakefile in ``directory``, with the benchmark's config (and
+    ``presets`` over it); the default target (the report) unless ``target`` is given."""
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        *([target] if target else []),  # before the options: --quiet takes optional values
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(directory),
+        "--cores",
+        "all",
+        "--quiet",
+    ]
+    files = bench.config_files
+    if (
+        files is None
+    ):  # a config dict: hand it to snakemake as a file (merged over default.yaml: it covers it)
+        files = [bench.workdir / "bench_config.yaml"]
+        files[0].write_text(yaml.safe_dump(bench.config))
+    files = [*files, *presets]
+    return command + (["--configfile", *map(str, files)] if files else [])
+
+
+def bench_dag(bench: Bench) -> list[dict]:
+    directory = bench.workdir / "dag"
+    directory.mkdir(parents=True, exist_ok=True)
+    command = snakemake_command(bench, directory)
+    env = child_env()
+    full_s, largest = run_measured(command, bench.workdir / "logs" / "dag_full.log", env)
+    noop_s, _ = run_measured(command, bench.workdir / "logs" / "dag_noop.log", env)
+    jobs = snakemake_benchmarks(directory)
+    rows = [
+        row("dag", "full run", full_s, "s", notes=f"{' '.join(command[1:3])} ... from a clean folder"),
+        row(
+            "dag",
+            "no-op rerun",
+            noop_s,
+            "s",
+            reference=full_s,
+            ratio=noop_s / full_s,
+            ratio_is="no-op rerun s / full run s",
+            notes="nothing to do: planning cost only",
+        ),
+        row(
+            "dag",
+            "largest process",
+            largest,
+            "MiB",
+            notes="peak RSS of the largest process in the run (getrusage of snakemake's process tree)",
+        ),
+    ]
+    if jobs.empty:
+        rows.append(
+            row(
+                "dag",
+                "peak memory per job",
+                None,
+                "MiB",
+                notes="not measured: the Snakefile has no `benchmark:` directives (add "
+                "`benchmark: RUN + '/benchmarks/<rule>.tsv'` to pretrain, extract, evaluate)",
+            )
+        )
+    else:
+        for _, job in jobs.iterrows():
+            rows.append(
+                row(
+                    "dag",
+                    f"job {job['file']}",
+                    float(job["max_rss"]),
+                    "MiB",
+                    notes=f"wall {float(job['s']):.1f} s (Snakemake benchmark file)",
+                )
+            )
+    shutil.rmtree(directory, ignore_errors=True)
+    return rows

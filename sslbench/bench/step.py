@@ -1,0 +1,237 @@
+"""The step and views sections: each method's training step (the engine's own: Trainer.make_views,
+train_step, start_epoch) against a bare forward/backward/step loop on the same backbone, batch and
+views, and the view pipeline against the model."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import resolve_method_config
+from .core import METHODS_DIR, Bench, interleaved, median, row, sync, timed
+
+STEP_TARGET = ("<=", 1.10)  # method step / bare step
+VIEWS_TARGET = (">=", 3.0)  # view images/s / model images/s
+
+
+class BareLoop:
+    """The floor of a training step: the method's backbone architecture, batch, views (concatenated
+    into one forward) and optimiser, with the mean of the backbone's outputs as the loss."""
+
+    def __init__(self, trainer):
+        from ..engine import build_backbone
+        from ..loop import make_optimizer
+
+        # The method's initial backbone weights, device and fast paths: like against like.
+        self.backbone = build_backbone(trainer.cfg, trainer.data, trainer.seed).to(trainer.device)
+        trainer.apply_fast_paths(self.backbone, self.backbone)
+        self.backbone.train()
+        self.optimizer = make_optimizer(list(self.backbone.parameters()), trainer.train_cfg, trainer.device)
+        self.trainer = trainer
+
+    def forward_backward(self, views: list[torch.Tensor]) -> torch.Tensor:
+        with self.trainer.autocast():  # every view in one forward: the fastest way through the backbone
+            loss = self.backbone(torch.cat(views)).float().mean()
+        loss.backward()
+        return loss
+
+    def step(self, views: list[torch.Tensor]) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward_backward(views)
+        float(loss.detach())  # the engine reads the loss every step (its finiteness check)
+        self.optimizer.step()
+
+
+def build_trainer(name: str, bench: Bench):
+    from ..engine import Trainer
+
+    cfg = resolve_method_config(bench.config, METHODS_DIR, name)
+    return Trainer(
+        METHODS_DIR / name,
+        cfg,
+        bench.seed,
+        bench.workdir / "runs" / name,
+        device=bench.device,
+        progress=False,
+    )
+
+
+def batch(trainer, round_index: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images, indices on the device) of a random batch, the same for both sides of a round.
+    Fetched as the engine fetches them (its batch source), outside the timings."""
+    generator = torch.Generator().manual_seed(seed * 7_919 + round_index + 1_000)
+    idx = torch.randperm(len(trainer.labels), generator=generator)[: trainer.batch_size]
+    images = next(iter(trainer.images.iterate([idx])))
+    return images, idx.to(trainer.device)
+
+
+def make_views(
+    trainer, images: torch.Tensor, round_index: int, seed: int
+) -> tuple[float, list[torch.Tensor]]:
+    """(seconds, views): Trainer.make_views with a generator seeded per round (identical for A and B)."""
+    generator = torch.Generator().manual_seed(seed * 104_729 + round_index + 2_000)
+
+    def draw():
+        views = trainer.make_views(images, generator)
+        sync(trainer.device)
+        return views
+
+    return timed(draw)
+
+
+def method_step(trainer, ctx, views: list[torch.Tensor], idx: torch.Tensor) -> None:
+    """The engine's own step (Trainer.train_step), views excluded."""
+    from ..loop import learning_rate
+
+    trainer.train_step(
+        views, idx, learning_rate(trainer.train_cfg, trainer.state.step, trainer.steps_per_epoch), ctx
+    )
+    sync(trainer.device)
+
+
+def walk_hooks(trainer, budget_s: float) -> list[float]:
+    """Seconds of each on_epoch_start call, epoch 0, 1, ... as training calls them, until the run's
+    last epoch or until the calls took ``budget_s``. Leaves the method as that epoch finds it
+    (PCL with prototypes, SeLa with relabelled targets), so the steps timed next are typical."""
+    from ..engine import TrainState
+    from ..method import Method
+
+    if type(trainer.method).on_epoch_start is Method.on_epoch_start:
+        return []
+    seconds: list[float] = []
+    for epoch in range(int(trainer.train_cfg["epochs"])):
+        trainer.state = TrainState(epoch=epoch, step=epoch * trainer.steps_per_epoch)
+        *_, hook_seconds = trainer.start_epoch()  # as train_epoch starts an epoch
+        seconds.append(hook_seconds)
+        if sum(seconds) >= budget_s:
+            break
+    return seconds
+
+
+def bench_step(bench: Bench) -> list[dict]:
+    return [r for name in bench.methods for r in method_step_rows(name, bench)]
+
+
+def method_step_rows(name: str, bench: Bench) -> list[dict]:
+    trainer = build_trainer(name, bench)
+    if trainer.optimizer is None:
+        return [row("step", name, None, "s/step", notes="no trainable parameters: never trained")]
+    hooks = walk_hooks(trainer, bench.repeats.hook_budget_s)
+    ctx = trainer.epoch_context()
+    bare = BareLoop(trainer)
+
+    def round_of(step):
+        """(view seconds, step seconds) of round i: the same batch and views for both loops."""
+
+        def run(i):
+            images, idx = batch(trainer, i, bench.seed)
+            view_s, views = make_views(trainer, images, i, bench.seed)
+            return view_s, timed(lambda: step(views, idx))[0]
+
+        return run
+
+    run_method = round_of(lambda views, idx: method_step(trainer, ctx, views, idx))
+    run_bare = round_of(lambda views, idx: (bare.step(views), sync(trainer.device)))
+    pairs = interleaved(run_method, run_bare, bench.repeats.warmup, bench.repeats.steps)
+    return step_rows(name, trainer, pairs, hooks)
+
+
+def step_rows(name: str, trainer, pairs, hooks: list[float]) -> list[dict]:
+    method_model = [m[1] for m, _ in pairs]
+    bare_model = [b[1] for _, b in pairs]
+    with_views = [(m[0] + m[1]) / (b[0] + b[1]) for m, b in pairs]
+    images = trainer.batch_size * trainer.method.num_views
+    shape = (
+        f"batch {trainer.batch_size} x {trainer.method.num_views} view(s), "
+        f"{trainer.cfg['backbone']['name']} at {trainer.data.image_size}px, "
+        f"{trainer.train_cfg['optimizer']}; "
+        f"images/s: method {images / median(method_model):.0f}, bare {images / median(bare_model):.0f}"
+    )
+    rows = [
+        row(
+            "step",
+            name,
+            median(method_model),
+            "s/step",
+            reference=median(bare_model),
+            ratio=median(m / b for m, b in zip(method_model, bare_model)),
+            ratio_is="method step / bare step",
+            target=STEP_TARGET,
+            notes=(
+                f"views excluded; ratio: median over {len(pairs)} interleaved rounds of "
+                f"each round's ratio (value, reference: plain medians); {shape}"
+            ),
+        ),
+        row(
+            "step",
+            f"{name} (with views)",
+            median(m[0] + m[1] for m, _ in pairs),
+            "s/step",
+            reference=median(b[0] + b[1] for _, b in pairs),
+            ratio=median(with_views),
+            ratio_is="(views + method step) / (views + bare step)",
+            notes="the engine's whole step",
+        ),
+    ]
+    if hooks:
+        step_s = median(method_model)
+        epochs = len(hooks)
+        share = sum(hooks) / (sum(hooks) + epochs * trainer.steps_per_epoch * step_s)
+        rows.append(
+            row(
+                "step",
+                f"{name} on_epoch_start",
+                max(hooks),
+                "s/call",
+                reference=step_s,
+                ratio=max(hooks) / step_s,
+                ratio_is="slowest hook call / method step",
+                notes=(
+                    f"{epochs} calls (epochs 0-{epochs - 1}), median {median(hooks):.3g} s; hooks are "
+                    f"{share:.1%} of those epochs' time ({trainer.steps_per_epoch} steps/epoch)"
+                ),
+            )
+        )
+    return rows
+
+
+def bench_views(bench: Bench) -> list[dict]:
+    return [r for name in bench.methods for r in method_views_rows(name, bench)]
+
+
+def method_views_rows(name: str, bench: Bench) -> list[dict]:
+    trainer = build_trainer(name, bench)
+    if trainer.optimizer is None:
+        return []  # never trained: no views
+    bare = BareLoop(trainer)
+    latest: dict = {}
+
+    def run_views(i):
+        images, _ = batch(trainer, i, bench.seed)
+        seconds, latest["views"] = make_views(trainer, images, i, bench.seed)
+        return seconds
+
+    def run_model(i):
+        bare.backbone.zero_grad(set_to_none=True)
+        return timed(lambda: (bare.forward_backward(latest["views"]), sync(trainer.device)))[0]
+
+    pairs = interleaved(run_views, run_model, bench.repeats.warmup, bench.repeats.steps)
+    images = trainer.batch_size * trainer.method.num_views
+    views_rate = images / median(v for v, _ in pairs)
+    model_rate = images / median(m for _, m in pairs)
+    return [
+        row(
+            "views",
+            name,
+            views_rate,
+            "images/s",
+            reference=model_rate,
+            ratio=median(m / v for v, m in pairs),
+            ratio_is="view images/s / model images/s",
+            target=VIEWS_TARGET,
+            notes=(
+                f"{trainer.method.num_views} view(s) x batch {trainer.batch_size}, augment "
+                f"{trainer.cfg['augment'].get('preset', 'mocov2')}, image {trainer.data.image_size}px; "
+                "model = backbone forward+backward"
+            ),
+        )
+    ]

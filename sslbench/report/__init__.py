@@ -1,0 +1,32 @@
+"""The report: the DAG's last stage turns ``results/table.csv`` and the run folders into tables
+(CSV, Markdown), figures (PNG) and one self-contained HTML page.
+
+- tables:  reads the inputs, computes every table and writes them as CSV (and table.md)
+- figures: draws what the runs and the protocols wrote (nothing is computed again here)
+- page:    the HTML page, every number from the CSVs beside it
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import atomic
+from .figures import draw_figures
+from .page import render_page
+from .tables import ReportInputError, compute_tables, read_runs, read_table, write_tables
+
+__all__ = ["ReportInputError", "build_report"]
+
+
+def build_report(
+    results_dir: str | Path, methods_dir: str | Path, config_dir: str | Path, out_dir: str | Path
+) -> Path:
+    """Write summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv, table.md,
+    figures/*.png and report.html into ``out_dir``; return the path of report.html."""
+    results_dir, out_dir = Path(results_dir), Path(out_dir)
+    table = read_table(results_dir)
+    runs = read_runs(results_dir, table)
+    tables = compute_tables(table, runs, results_dir, methods_dir, config_dir)
+    write_tables(tables, out_dir)
+    figures = {d: draw_figures(d, tables, runs, out_dir / "figures") for d in tables.datasets}
+    return atomic.write_text(out_dir / "report.html", render_page(tables, figures, runs))

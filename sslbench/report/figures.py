@@ -1,0 +1,283 @@
+"""The report's figures: matplotlib on its Agg canvas (no display), one PNG per figure under
+``figures/``. They only draw: cluster sizes and t-SNE maps come from what the clustering protocol
+wrote beside its result (eval/clustering.npz), E-step clusters from the checkpoint's method state.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import atomic
+from ..results import side_file
+from ..stats import HEADLINE, headline_stats
+from .tables import Run, Tables, first_seed_runs
+
+MAX_ESTEP_PANELS = 6
+
+
+@dataclass
+class Figure:
+    kind: str
+    caption: str
+    png: bytes | None  # None: no data for it
+
+
+def draw_figures(dataset: str, tables: Tables, runs: list[Run], figures_dir: Path) -> list[Figure]:
+    """Every figure of one dataset, written to ``figures_dir/<dataset>_<kind>.png``."""
+    colours = method_colours(sorted(tables.table.loc[tables.table["dataset"] == dataset, "method"].unique()))
+    firsts = first_seed_runs(runs, dataset)
+    sides = {r.method: read_clustering_side_file(r) for r in firsts}
+    sides = {method: side for method, side in sides.items() if side is not None}
+    estep = [panel for r in firsts for panel in estep_assignments(r)][:MAX_ESTEP_PANELS]
+    drawn = [
+        (
+            "bars",
+            bar_chart(tables.summary, dataset, colours),
+            "Headline metrics per protocol with 95% confidence intervals",
+        ),
+        (
+            "lowshot",
+            lowshot_curves(tables.table, dataset, colours),
+            "Low-shot SVM: mAP against labelled examples per class",
+        ),
+        ("training", training_curves(runs, dataset, colours), "Training curves: loss and images/s per epoch"),
+        (
+            "tsne",
+            tsne_maps(sides, dataset),
+            "t-SNE of test features, coloured by class (computed by the clustering protocol)",
+        ),
+        (
+            "kmeans",
+            size_panels(kmeans_sizes(sides), kmeans_title(sides, dataset)),
+            "Cluster sizes of the clustering protocol's k-means (k = classes) on each method's test features",
+        ),
+        (
+            "estep",
+            size_panels(
+                estep, f"{dataset}: cluster sizes of the E-step assignments stored in the checkpoint"
+            ),
+            "Cluster sizes of PCL's E-step (method state buffers named *assign*)",
+        ),
+    ]
+    return [
+        Figure(kind, caption, save_figure(fig, figures_dir, f"{dataset}_{kind}"))
+        for kind, fig, caption in drawn
+    ]
+
+
+def method_colours(methods: list[str]) -> dict[str, tuple]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {m: cmap(i % 10) for i, m in enumerate(sorted(methods))}
+
+
+def new_figure(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3):
+    from matplotlib.figure import Figure  # the Agg canvas: no display, no global pyplot state
+
+    columns = max(1, min(columns, panels))
+    rows = math.ceil(panels / columns)
+    fig = Figure(figsize=(width * columns, height * rows), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    return fig, axes[:panels]
+
+
+def png_bytes(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def bar_chart(summary: pd.DataFrame, dataset: str, colours: dict):
+    parts = headline_stats(summary, dataset)
+    present = [c for c in parts["mean"].columns if parts["mean"][c].notna().any()]
+    if not present:
+        return None
+    fig, axes = new_figure(len(present), width=4.0, height=3.2, columns=4)
+    ci = summary[summary["dataset"] == dataset].set_index(["method", "protocol", "metric"])["ci95"]
+    for ax, column in zip(axes, present):
+        protocol, metric = next((p, m) for label, p, m in HEADLINE if label == column)
+        means = parts["mean"][column].dropna()
+        errors = [ci.get((m, protocol, metric), math.nan) for m in means.index]
+        errors = [100 * e if math.isfinite(e) else 0.0 for e in errors]
+        ax.bar(
+            range(len(means)),
+            100 * means.to_numpy(),
+            yerr=errors,
+            capsize=4,
+            color=[colours[m] for m in means.index],
+        )
+        ax.set_xticks(range(len(means)), means.index, rotation=30, ha="right")
+        ax.set_title(column, fontsize=10)
+        ax.set_ylabel("%")
+    fig.suptitle(
+        f"{dataset}: mean over seeds, error bars 95% CI (Student t; none with one seed)", fontsize=10
+    )
+    return fig
+
+
+def lowshot_curves(table: pd.DataFrame, dataset: str, colours: dict):
+    rows = table[(table["dataset"] == dataset) & (table["protocol"] == "lowshot_svm")]
+    found = rows["metric"].str.extract(r"^map_k(\d+)_(mean|min|max)$")
+    rows = rows.assign(k=pd.to_numeric(found[0]), stat=found[1]).dropna(subset=["k"])
+    if rows.empty:
+        return None
+    fig, (ax,) = new_figure(1, width=6.0, height=4.0)
+    for method, data in rows.groupby("method", sort=True):
+        mean = data[data["stat"] == "mean"].groupby("k")["value"].mean()
+        low = data[data["stat"] == "min"].groupby("k")["value"].min().reindex(mean.index)
+        high = data[data["stat"] == "max"].groupby("k")["value"].max().reindex(mean.index)
+        ax.plot(mean.index, 100 * mean, marker="o", color=colours[method], label=method)
+        if low.notna().all() and high.notna().all():
+            ax.fill_between(mean.index, 100 * low, 100 * high, color=colours[method], alpha=0.15)
+    ks = sorted(rows["k"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [f"{k:g}" for k in ks])
+    ax.set_xlabel("labelled examples per class (k)")
+    ax.set_ylabel("mAP (%)")
+    ax.set_title(
+        f"{dataset}: low-shot SVM; line: mean over seeds, band: min–max over samples and seeds", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    return fig
+
+
+def training_curves(runs: list[Run], dataset: str, colours: dict):
+    from matplotlib.ticker import MaxNLocator
+
+    logs = [r.log.assign(method=r.method, seed=r.seed) for r in runs if r.dataset == dataset and len(r.log)]
+    if not logs:
+        return None
+    logs = pd.concat(logs, ignore_index=True)
+    fig, axes = new_figure(2, width=5.5, height=3.6, columns=2)
+    for method, data in logs.groupby("method", sort=True):
+        mean = data.groupby("epoch")[["loss", "images_per_s"]].mean()
+        style = {"color": colours[method], "label": method, "marker": "o", "markersize": 3}  # 1 epoch: a dot
+        axes[0].plot(mean.index, mean["loss"], **style)
+        axes[1].plot(mean.index, mean["images_per_s"], **style)
+    for ax, label in zip(axes, ("training loss", "images/s")):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
+        ax.set_title(f"{dataset}: {label} (mean over seeds)", fontsize=10)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def read_clustering_side_file(run: Run) -> dict | None:
+    """What the clustering protocol wrote beside its result (None where it did not run)."""
+    from ..featurefile import load_features
+
+    path = side_file(run.folder / "eval" / "clustering.json")
+    return load_features(path) if path.is_file() else None
+
+
+def tsne_maps(sides: dict[str, dict], dataset: str):
+    methods = sorted(sides)
+    if not methods:
+        return None
+    fig, axes = new_figure(len(methods), width=3.6, height=3.6, columns=4)
+    for ax, method in zip(axes, methods):
+        xy, y, num_classes = sides[method]["tsne"], sides[method]["tsne_labels"], sides[method]["num_classes"]
+        ax.scatter(
+            xy[:, 0],
+            xy[:, 1],
+            c=y,
+            s=6,
+            cmap="tab10" if num_classes <= 10 else "turbo",
+            vmin=0,
+            vmax=max(num_classes - 1, 1),
+        )
+        ax.set_title(f"{method} ({len(xy)} test images)", fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(
+        f"{dataset}: t-SNE of test features (seed {seeds_note(sides)}), coloured by class", fontsize=10
+    )
+    return fig
+
+
+def seeds_note(sides: dict[str, dict]) -> str:
+    return ", ".join(map(str, sorted({int(side["meta"]["kmeans"]["seed"]) for side in sides.values()})))
+
+
+def sorted_sizes(assignments: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Cluster sizes, largest first (empty clusters count when k is given)."""
+    assignments = assignments[assignments >= 0]
+    return np.sort(np.bincount(assignments, minlength=k or 0))[::-1]
+
+
+def size_panels(panels: list[tuple[str, np.ndarray]], title: str):
+    if not panels:
+        return None
+    fig, axes = new_figure(len(panels), width=3.8, height=3.0, columns=4)
+    for ax, (name, sizes) in zip(axes, panels):
+        ax.bar(np.arange(len(sizes)), sizes, width=1.0, color="#4c72b0")
+        ax.axhline(sizes.sum() / len(sizes), color="black", linestyle="--", linewidth=1, label="equal sizes")
+        ax.set_title(f"{name}: {len(sizes)} clusters", fontsize=9)
+        ax.set_xlabel("cluster (largest first)")
+        ax.set_ylabel("images")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def kmeans_sizes(sides: dict[str, dict]) -> list[tuple[str, np.ndarray]]:
+    """Cluster sizes of the clustering protocol's first restart at k = classes, per method."""
+    return [
+        (method, sorted_sizes(sides[method]["assignments"][0], sides[method]["meta"]["kmeans"]["k"]))
+        for method in sorted(sides)
+    ]
+
+
+def kmeans_title(sides: dict[str, dict], dataset: str) -> str:
+    """What the k-means shown is: the clustering protocol's own run, as it recorded it."""
+    runs = {
+        (s["k"], s["niter"], s["nredo"], s["spherical"], s["restarts"])
+        for s in (side["meta"]["kmeans"] for side in sides.values())
+    }
+    how = "; ".join(
+        f"k = {k}, {niter} iterations, best of {nredo}{', spherical' if spherical else ''}, "
+        f"every test point, restart 1 of {restarts}"
+        for k, niter, nredo, spherical, restarts in sorted(runs)
+    )
+    return f"{dataset}: cluster sizes of the clustering protocol's faiss k-means on test features ({how})"
+
+
+def estep_assignments(run: Run) -> list[tuple[str, np.ndarray]]:
+    """Buffers named *assign* in the checkpoint's method state (PCL's E-step), one panel per clustering."""
+    path = run.folder / "checkpoint.pt"
+    if not path.is_file():
+        return []
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("method_state", {})
+    except Exception as err:  # optional picture: a broken checkpoint is reported, not fatal here
+        print(f"[sslbench] report: skipping E-step clusters of {path}: {type(err).__name__}: {err}")
+        return []
+    panels = []
+    for name, value in sorted(state.items()):
+        if "assign" not in name or not hasattr(value, "dtype") or value.dtype.is_floating_point:
+            continue
+        rows = value.reshape(-1, value.shape[-1]) if value.dim() > 1 else value.reshape(1, -1)
+        for i, row in enumerate(rows.numpy().astype(np.int64)):
+            if (row >= 0).any():
+                label = name if len(rows) == 1 else f"{name}[{i}]"
+                panels.append((f"{run.method} {label}", sorted_sizes(row)))
+    return panels
+
+
+def save_figure(fig, figures_dir: Path, name: str) -> bytes | None:
+    if fig is None:
+        return None
+    png = png_bytes(fig)
+    atomic.write_bytes(figures_dir / f"{name}.png", png)
+    return png

@@ -1,0 +1,318 @@
+"""The report's inputs and tables: ``results/table.csv``, the run folders and failures.csv read
+and checked, and every table the page shows computed (summary, comparisons, reproduced vs reported,
+cost, environment) and written as CSV beside the page, with the headline table as Markdown.
+
+Displayed numbers: metrics are fractions shown in percent with two decimals.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .. import atomic
+from ..errors import SslbenchError, unreadable
+from ..stats import (
+    MISSING,
+    TableError,
+    best_methods,
+    check_table,
+    headline_comparisons,
+    headline_stats,
+    headline_table,
+    percent,
+    reproduced_vs_reported,
+    summarise,
+)
+
+CSV_TABLES = ("summary", "comparisons", "reproduced", "cost", "environment")
+
+
+class ReportInputError(SslbenchError, FileNotFoundError):
+    pass
+
+
+# --------------------------------------------------------------------------- inputs
+@dataclass
+class Run:
+    dataset: str
+    method: str
+    seed: int
+    folder: Path
+    cfg: dict
+    meta: dict
+    log: pd.DataFrame = field(repr=False)
+
+
+def read_csv_file(path: Path, what: str, **options) -> pd.DataFrame:
+    """A CSV this project wrote (each ends with a newline, so a cut-off last line means truncated)."""
+    try:
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            raise ValueError("the last line is cut off")
+        return pd.read_csv(io.BytesIO(data), **options)
+    except (OSError, ValueError, pd.errors.ParserError) as err:  # EmptyDataError is a ValueError
+        raise unreadable(path, what, err) from err
+
+
+def read_table(results_dir: Path) -> pd.DataFrame:
+    path = results_dir / "table.csv"
+    if not path.is_file():
+        raise ReportInputError(f"{path}: not found; build it first with `snakemake results/table.csv`")
+    table = read_csv_file(path, "table")
+    if table.empty:
+        raise TableError(f"{path}: holds no results; run at least one method and protocol first")
+    return check_table(table, str(path))
+
+
+def run_folder(results_dir: Path, dataset: str, method: str, seed: int) -> Path:
+    return results_dir / dataset / method / f"seed{seed}"
+
+
+def read_run(results_dir: Path, dataset: str, method: str, seed: int) -> Run:
+    folder = run_folder(results_dir, dataset, method, seed)
+    run_json, log_csv = folder / "run.json", folder / "train_log.csv"
+    for path in (run_json, log_csv):
+        if not path.is_file():
+            raise ReportInputError(
+                f"{path}: not found, but table.csv has results of this run; rerun snakemake to retrain it"
+            )
+    try:
+        record = json.loads(run_json.read_text())
+        cfg, meta = record["cfg"], record["meta"]
+    except (OSError, ValueError, KeyError, TypeError) as err:  # ValueError: cut-off JSON, not text
+        raise unreadable(run_json, "run record", err) from err
+    log = read_csv_file(log_csv, "training log")
+    return Run(dataset, method, seed, folder, cfg, meta, log)
+
+
+def read_runs(results_dir: Path, table: pd.DataFrame) -> list[Run]:
+    keys = table[["dataset", "method", "seed"]].drop_duplicates().sort_values(["dataset", "method", "seed"])
+    return [read_run(results_dir, d, m, int(s)) for d, m, s in keys.itertuples(index=False)]
+
+
+def first_seed_runs(runs: list[Run], dataset: str) -> list[Run]:
+    """One run per method (its smallest seed, normally seed 0) for the per-method pictures."""
+    chosen: dict[str, Run] = {}
+    for run in runs:
+        if run.dataset == dataset and (run.method not in chosen or run.seed < chosen[run.method].seed):
+            chosen[run.method] = run
+    return [chosen[m] for m in sorted(chosen)]
+
+
+def read_failures(path: Path) -> pd.DataFrame:
+    """results/failures.csv (method, problem), or an empty frame where there is none."""
+    if path.exists() and path.stat().st_size:
+        return read_csv_file(path, "failures list", dtype=str)
+    return pd.DataFrame(columns=["method", "problem"])
+
+
+# --------------------------------------------------------------------------- tables
+@dataclass
+class Tables:
+    """Everything the page shows as a table, per dataset where it says so."""
+
+    table: pd.DataFrame
+    summary: pd.DataFrame
+    comparisons: pd.DataFrame
+    reproduced: pd.DataFrame
+    cost: pd.DataFrame
+    environment: pd.DataFrame
+    failures: pd.DataFrame
+    footnotes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def datasets(self) -> list[str]:
+        return sorted(self.footnotes)
+
+
+def compute_tables(
+    table: pd.DataFrame, runs: list[Run], results_dir: Path, methods_dir: str | Path, config_dir: str | Path
+) -> Tables:
+    datasets = sorted(table["dataset"].unique())
+    return Tables(
+        table=table,
+        summary=summarise(table),
+        comparisons=headline_comparisons(table),
+        reproduced=reproduced_vs_reported(table, methods_dir, config_dir),
+        cost=cost_table(runs, table),
+        environment=environment_table(runs),
+        failures=read_failures(results_dir / "failures.csv"),
+        footnotes={d: settings_footnote(table, d) for d in datasets},
+    )
+
+
+def write_tables(tables: Tables, out_dir: Path) -> None:
+    """summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv and table.md."""
+    for name in CSV_TABLES:
+        atomic.write_text(out_dir / f"{name}.csv", getattr(tables, name).to_csv(index=False))
+    markdown = "\n".join(
+        (f"### {d}\n\n" if len(tables.datasets) > 1 else "")
+        + headline_markdown(tables.summary, d, tables.footnotes[d])
+        for d in tables.datasets
+    )
+    if len(tables.failures):  # method folders skipped with --keep-going: never silently absent
+        markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in tables.failures.values)
+    atomic.write_text(out_dir / "table.md", markdown)
+
+
+def settings_footnote(table: pd.DataFrame, dataset: str) -> str:
+    rows = table[table["dataset"] == dataset]
+    parts = [f"dataset {dataset}"]
+    for column, label in (("backbone", "backbone"), ("epochs", "epochs")):
+        if column not in rows:
+            continue
+        per_method = rows.groupby("method")[column].agg(lambda v: ", ".join(sorted(map(str, v.unique()))))
+        if per_method.nunique() == 1:
+            parts.append(f"{label} {per_method.iloc[0]}")
+        else:
+            parts.append(f"{label} " + ", ".join(f"{m}: {v}" for m, v in per_method.items()))
+    seeds = sorted(int(s) for s in rows["seed"].unique())
+    parts.append("seeds " + ", ".join(map(str, seeds)))
+    return (
+        "Settings: " + "; ".join(parts) + ". Cells: mean ± std over seeds, in %; best of each column "
+        f"in bold; {MISSING}: not evaluated."
+    )
+
+
+def headline_markdown(summary: pd.DataFrame, dataset: str, footnote: str) -> str:
+    cells = headline_table(summary, dataset)
+    best = best_methods(headline_stats(summary, dataset)["mean"])
+    header = "| method | " + " | ".join(cells.columns) + " |"
+    rule = "|---|" + "---:|" * len(cells.columns)
+    lines = [header, rule]
+    for method, row in cells.iterrows():
+        shown = [f"**{row[c]}**" if method in best[c] else row[c] for c in cells.columns]
+        lines.append(f"| {method} | " + " | ".join(shown) + " |")
+    return "\n".join(lines) + f"\n\n{footnote}\n"
+
+
+def fmt(value, spec: str) -> str:
+    """A number for display; missing (None/NaN) as "—"."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return MISSING
+    return format(value, spec)
+
+
+def fmt_percent(value) -> str:
+    return MISSING if value is None or not math.isfinite(value) else percent(value)
+
+
+def summary_display(summary: pd.DataFrame) -> pd.DataFrame:
+    out = summary[["dataset", "method", "protocol", "metric"]].copy()
+    for column in ("mean", "std", "ci95"):
+        out[f"{column} (%)"] = summary[column].map(fmt_percent)
+    out["n"] = summary["n"].astype(str)
+    return out
+
+
+def comparisons_display(comparisons: pd.DataFrame) -> pd.DataFrame:
+    out = comparisons[["dataset", "protocol", "metric", "method_a", "method_b"]].copy()
+    out["mean A − B (% points)"] = comparisons["mean_diff"].map(fmt_percent)
+    out["p (paired t)"] = comparisons["p_value"].map(lambda p: fmt(p, ".3g"))
+    out["n"] = comparisons["n"].astype(str)
+    out["verdict"] = comparisons["verdict"]
+    return out
+
+
+def reproduced_display(reproduced: pd.DataFrame) -> pd.DataFrame:
+    out = reproduced[["method", "dataset", "paper_backbone", "paper_epochs", "protocol", "metric"]].copy()
+    out = out.rename(columns={"paper_backbone": "backbone", "paper_epochs": "epochs"})
+    out["reported (%)"] = reproduced["reported"].map(fmt_percent)
+    out["ours (%)"] = reproduced["ours"].map(fmt_percent)
+    out["std (%)"] = reproduced["std"].map(fmt_percent)
+    out["n"] = reproduced["n"].astype(str)
+    out["gap (% points)"] = reproduced["gap"].map(fmt_percent)
+    out["source"] = reproduced["source"]
+    out["how to reproduce"] = reproduced["reproduce"].replace("", MISSING)
+    return out
+
+
+def cost_table(runs: list[Run], table: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, method): mean over seeds of training time and throughput, peak GPU memory, devices."""
+    per_run = pd.DataFrame(
+        [
+            {
+                "dataset": r.dataset,
+                "method": r.method,
+                "seed": r.seed,
+                "train_wall_time_s": r.meta.get("train_wall_time_s"),
+                "images_per_s": r.meta.get("images_per_s"),
+                "peak_gpu_memory_mib": (
+                    r.meta["peak_gpu_memory_bytes"] / 2**20
+                    if r.meta.get("peak_gpu_memory_bytes") is not None
+                    else None
+                ),
+                "device": r.meta.get("device", "unknown"),
+            }
+            for r in runs
+        ]
+    )
+    numeric = ["train_wall_time_s", "images_per_s", "peak_gpu_memory_mib"]
+    per_run[numeric] = per_run[numeric].apply(pd.to_numeric, errors="coerce")
+    grouped = per_run.groupby(["dataset", "method"], sort=True)
+    out = grouped.agg(
+        seeds=("seed", "count"),
+        train_wall_time_s=("train_wall_time_s", "mean"),
+        images_per_s=("images_per_s", "mean"),
+        peak_gpu_memory_mib=("peak_gpu_memory_mib", "max"),
+        device=("device", lambda v: ", ".join(sorted(set(map(str, v))))),
+    ).reset_index()
+    if "eval_wall_time_s" in table:
+        # table.csv repeats a protocol's wall time on each of its metric rows: one per (run, protocol)
+        per_protocol = table.drop_duplicates(["dataset", "method", "seed", "protocol"])
+        per_seed = per_protocol.groupby(["dataset", "method", "seed"])["eval_wall_time_s"].sum()
+        eval_time = per_seed.groupby(["dataset", "method"]).mean().rename("eval_wall_time_s").reset_index()
+        out = out.merge(eval_time, on=["dataset", "method"], how="left")
+    return out
+
+
+def cost_display(cost: pd.DataFrame) -> pd.DataFrame:
+    out = cost[["dataset", "method"]].copy()
+    out["seeds"] = cost["seeds"].astype(str)
+    out["training wall time (s)"] = cost["train_wall_time_s"].map(lambda v: fmt(v, ".1f"))
+    out["images/s"] = cost["images_per_s"].map(lambda v: fmt(v, ".0f"))
+    out["peak GPU memory (MiB)"] = cost["peak_gpu_memory_mib"].map(lambda v: fmt(v, ".0f"))
+    if "eval_wall_time_s" in cost:
+        out["evaluation wall time (s)"] = cost["eval_wall_time_s"].map(lambda v: fmt(v, ".1f"))
+    out["device"] = cost["device"]
+    return out
+
+
+def environment_table(runs: list[Run]) -> pd.DataFrame:
+    """One row per run: where and with what code it was trained."""
+    rows = []
+    for r in runs:
+        versions = r.meta.get("versions", {}) or {}
+        rows.append(
+            {
+                "dataset": r.dataset,
+                "method": r.method,
+                "seed": r.seed,
+                "device": r.meta.get("device", "unknown"),
+                "git_commit": r.meta.get("git_commit", "unknown"),
+                "git_dirty": r.meta.get("git_dirty"),
+                **{f"version_{k}": v for k, v in sorted(versions.items())},
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def versions_display(environment: pd.DataFrame) -> pd.DataFrame:
+    """Each package's version(s) over all runs; more than one means the runs are not comparable."""
+    columns = [c for c in environment.columns if c.startswith("version_")]
+    rows = [
+        {
+            "package": c.removeprefix("version_"),
+            "version(s)": ", ".join(sorted(map(str, environment[c].dropna().unique()))),
+        }
+        for c in columns
+    ]
+    for key in ("git_commit", "git_dirty", "device"):
+        rows.append({"package": key, "version(s)": ", ".join(sorted(map(str, environment[key].unique())))})
+    return pd.DataFrame(rows, columns=["package", "version(s)"])

@@ -1,0 +1,164 @@
+"""The module map of README.md ("Layout"), checked on the source: which module may import which."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+PACKAGES = ("sslbench", "evaluation")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, top_level_only: bool = False) -> list[tuple[str, list[str]]]:
+    """(imported module, imported names) of every import in a file (or only its module-level ones),
+    relative imports resolved."""
+    tree = ast.parse(path.read_text())
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            found.append((target, [alias.name for alias in node.names]))
+    return found
+
+
+def sources(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (REPO / folder).rglob("*.py"))
+
+
+# README.md's module map, lowest layer first: a module imports only its own row and rows above.
+LAYERS = [
+    ["errors", "atomic", "provenance"],
+    ["kmeans", "featurefile"],
+    ["data", "batches"],
+    ["augment", "backbones", "distributed"],
+    ["sslbench", "method", "momentum", "losses", "clustering", "plugins"],  # sslbench: the package itself
+    ["config"],
+    ["loop"],
+    ["features"],
+    ["results", "stats"],
+    ["report"],
+    ["engine"],
+    ["bench"],
+    ["cli"],
+]
+LAYER = {name: i for i, row in enumerate(LAYERS) for name in row}
+
+
+def layer_name(module: str) -> str:
+    """sslbench.report.figures -> report; sslbench -> sslbench."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_module_imports_only_its_layer_or_those_below():
+    unmapped, upward = [], []
+    for path in sources("sslbench"):
+        here = layer_name(module_name(path))
+        if here not in LAYER:
+            unmapped.append(here)
+            continue
+        for target, names in imports(path):
+            if target.split(".")[0] != "sslbench":
+                continue
+            modules = [f"{target}.{n}" for n in names] if target == "sslbench" else [target]
+            for name in map(layer_name, modules):
+                if name in LAYER and LAYER[name] > LAYER[here]:
+                    upward.append((module_name(path), target))
+    assert not unmapped, f"place these in README.md's module map and in LAYERS: {unmapped}"
+    assert not upward
+
+
+def test_sslbench_never_imports_a_protocol_or_a_method():
+    """Protocols are loaded by name (results.protocol_module), methods by folder (plugins)."""
+    bad = [
+        (module_name(path), target)
+        for path in sources("sslbench")
+        for target, _ in imports(path)
+        if target.split(".")[0] in ("evaluation", "methods", "sslbench_methods")
+    ]
+    assert not bad
+
+
+def test_the_loop_module_needs_nothing_of_sslbench_but_its_errors():
+    found = [t for t, _ in imports(REPO / "sslbench" / "loop.py") if t.split(".")[0] in PACKAGES]
+    assert set(found) <= {"sslbench.errors"}, found
+
+
+@pytest.mark.parametrize("folder", ["evaluation", "methods"])
+def test_protocols_and_methods_never_import_the_engine_or_the_cli(folder):
+    bad = [
+        (str(path.relative_to(REPO)), target)
+        for path in sources(folder)
+        for target, _ in imports(path)
+        if target in ("sslbench.engine", "sslbench.cli", "sslbench.bench", "sslbench.report")
+    ]
+    assert not bad
+
+
+def test_no_private_name_is_reached_across_modules():
+    bad = []
+    for path in sources("sslbench", "evaluation", "methods"):
+        here = module_name(path)
+        for target, names in imports(path):
+            if target.split(".")[0] in PACKAGES and target != here:
+                bad += [(here, f"{target}.{n}") for n in names if n.startswith("_") and n != "__version__"]
+    assert not bad
+
+
+def test_no_import_cycle_at_module_level():
+    graph = {}
+    for path in sources("sslbench", "evaluation"):
+        edges = set()
+        for target, names in imports(path, top_level_only=True):
+            if target.split(".")[0] in PACKAGES:
+                edges.add(target)
+                edges |= {f"{target}.{n}" for n in names}  # `from . import atomic` names a module
+        graph[module_name(path)] = edges
+    graph = {m: {t for t in edges if t in graph and t != m} for m, edges in graph.items()}
+
+    def cycle_from(start, node, seen):
+        for nxt in graph[node]:
+            if nxt == start:
+                return [node, nxt]
+            if nxt not in seen:
+                seen.add(nxt)
+                if found := cycle_from(start, nxt, seen):
+                    return [node, *found]
+        return None
+
+    assert not [c for m in graph if (c := cycle_from(m, m, set()))]
+
+
+def test_planning_and_the_cached_feature_protocols_never_import_torch():
+    """The Snakefile imports sslbench.config at every plan; kNN, low-shot SVM and clustering jobs read
+    .npz features; the report and collect read CSVs and JSON: none of them pays for torch."""
+    modules = [
+        "sslbench.config",
+        "sslbench.kmeans",
+        "sslbench.featurefile",
+        "sslbench.results",
+        "sslbench.stats",
+        "sslbench.report",
+        "sslbench.cli",
+        "evaluation.knn",
+        "evaluation.lowshot_svm",
+        "evaluation.clustering",
+    ]
+    code = f"import sys\nfor m in {modules}:\n    __import__(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
