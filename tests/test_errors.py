@@ -12,8 +12,8 @@ from conftest import METHODS_DIR, REPO
 from sslbench import cli
 from sslbench.config import ConfigError
 from sslbench.data import DatasetError
-from sslbench.engine import TrainingDiverged
 from sslbench.errors import DEBUG_VARIABLE
+from sslbench.loop import TrainingDiverged
 
 
 def pretrain_args(cfg: dict, out, method_dir=METHODS_DIR / "simclr") -> list[str]:

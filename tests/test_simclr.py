@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
 from torch import nn
 
-from sslbench.engine import Trainer, build_method, load_data
+from sslbench.data import load_data
+from sslbench.engine import Trainer, build_method
 from sslbench.method import embed_views
 from sslbench.plugins import load_method_class
 
