@@ -31,6 +31,7 @@ from .provenance import provenance
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
+SUPERSEDED_DIR = "superseded"  # under CHECKPOINT_DIR: checkpoints of other settings, kept, never resumed
 
 
 def epoch_generators(seed: int, epoch: int, rank: int) -> tuple[torch.Generator, torch.Generator]:
@@ -169,6 +170,7 @@ class Trainer:
             self.loss_fn = DistributedDataParallel(self.loss_fn, device_ids=ids)
         self.state = TrainState()
         self.log_rows: list[dict] = []
+        self.superseded: list[Path] = []  # checkpoints of other settings found by resume()
 
     # --- data -------------------------------------------------------------------------------
     def make_views(self, images: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
@@ -241,9 +243,23 @@ class Trainer:
         if not dist.is_main():
             return
         folder = self.out_dir / CHECKPOINT_DIR
+        self._set_aside_superseded()
         atomic.save_torch(folder / f"epoch_{self.state.epoch:04d}.pt", self._checkpoint())
         for old in sorted(folder.glob("epoch_*.pt"))[:-KEEP_CHECKPOINTS]:
             old.unlink()
+
+    def _set_aside_superseded(self) -> None:
+        """Move the checkpoints of other settings into checkpoints/superseded/ before this run writes
+        its own: pruning keeps the newest epoch numbers, which would otherwise be theirs."""
+        if not self.superseded:
+            return
+        aside = self.out_dir / CHECKPOINT_DIR / SUPERSEDED_DIR
+        aside.mkdir(exist_ok=True)
+        for path in self.superseded:
+            if path.exists():
+                path.replace(aside / path.name)
+        print(f"[sslbench] moved {len(self.superseded)} checkpoint(s) of other settings to {aside}")
+        self.superseded = []
 
     def resume(self) -> bool:
         """Restore the newest checkpoint that loads; a corrupt one is skipped with a warning.
@@ -259,6 +275,7 @@ class Trainer:
                 continue
             if ckpt.get("cfg") != self.cfg or ckpt.get("seed") != self.seed:
                 print(f"[sslbench] ignoring {path}: written with other settings")
+                self.superseded.append(path)
                 continue
             # Checked first: load_state_dict copies the matching tensors before it raises on the others.
             differences = state_differences(self.method.state_dict(), ckpt["method_state"])

@@ -158,6 +158,25 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, method_config):
     assert fresh.state.epoch == 1
 
 
+def test_checkpoints_of_other_settings_are_set_aside_not_pruned_in_place_of_the_new_runs(
+    tmp_path, method_config
+):
+    old = Trainer(METHODS_DIR / "simclr", method_config("simclr"), 0, tmp_path, progress=False)
+    for _ in range(3):
+        old.train_epoch()
+        old._save_epoch_checkpoint()
+    new_cfg = method_config("simclr", train={"lr": 0.01})
+    new = Trainer(METHODS_DIR / "simclr", new_cfg, 0, tmp_path, progress=False)
+    assert not new.resume()
+    new.train_epoch()
+    new._save_epoch_checkpoint()  # epoch 1 sorts before the old run's epochs 2 and 3
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.glob("epoch_*.pt")) == ["epoch_0001.pt"]
+    assert sorted(p.name for p in (folder / "superseded").glob("*.pt")) == ["epoch_0002.pt", "epoch_0003.pt"]
+    again = Trainer(METHODS_DIR / "simclr", new_cfg, 0, tmp_path, progress=False)
+    assert again.resume() and again.state.epoch == 1
+
+
 def test_log_has_one_row_per_epoch(tmp_path, method_config):
     import pandas as pd
 
