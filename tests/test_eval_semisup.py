@@ -203,7 +203,6 @@ def test_finetuning_steps_are_sgd_with_momentum_a_tenfold_head_lr_and_a_cosine_s
         return semisup.finetune(ckpt, labelled, 10, lr, epochs, augment, used, 3, cpu)
 
     model, expected = finetuned(steps), finetuned(0)  # epochs = 0: the initial backbone and head
-    assert semisup.cosine(0, steps) == 1.0 and semisup.cosine(1, steps) == pytest.approx(0.5)
     x, y = augment(labelled.images, torch.Generator()), labelled.labels
     buffers = [torch.zeros_like(p) for p in expected.parameters()]
     backbone_params = {id(p) for p in expected[0].parameters()}
