@@ -81,7 +81,7 @@ def fixed_batch_losses(trainer, steps: int, labelled: bool, size: int = 64) -> l
     """Losses of ``steps`` optimiser steps on one fixed batch with fixed views: training must lower them."""
     idx = torch.arange(size)
     g = torch.Generator().manual_seed(0)
-    views = [trainer.augment(trainer.data.train.images[idx], g) for _ in range(trainer.method.num_views)]
+    views = trainer.make_views(trainer.data.train.images[idx], g)
     labels = trainer.labels[idx] if labelled else None
     losses = []
     for _ in range(steps):

@@ -48,7 +48,6 @@ pytestmark = pytest.mark.slow
 METHODS = discover_methods(METHODS_DIR)
 GLOBAL_BATCH = 32  # 16 per rank: several images per class on each rank (SupCon's positives)
 HOOK_EPOCH = 4
-LR = 0.05
 
 
 def torchrun(*args: str, timeout=300) -> subprocess.CompletedProcess:
@@ -78,7 +77,7 @@ def contract_record(method: str, out_dir: Path) -> dict:
         views = trainer.make_views(trainer.data.train.images[idx], g)  # the global batch, on every rank
         mine = dist.shard(GLOBAL_BATCH)
         trainer.method.eval()
-        record["loss"] = trainer.train_step([v[mine] for v in views], idx[mine], LR, ctx)
+        record["loss"] = trainer.train_step([v[mine] for v in views], idx[mine], ctx)
         record["grads"] = {
             name: p.grad.clone() for name, p in trainer.method.named_parameters() if p.grad is not None
         }
