@@ -28,7 +28,7 @@ from .data import Dataset, load_data
 from .errors import SslbenchError
 from .loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate, shuffled_batches
 from .method import DataInfo, EpochContext, Method, checked_param_groups
-from .momentum import check_momentum, ema_update, momentum_at
+from .momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from .plugins import load_method_class
 from .provenance import provenance
 
@@ -162,10 +162,11 @@ class Trainer:
             )
         self.local_batch = self.batch_size // self.world
         self.steps_per_epoch = len(self.labels) // self.batch_size  # drop_last: fixed-size batches (queues)
+        # The pairs first: a target left trainable is named as such, not as a parameter left out of a group.
+        self.momentum_pairs = checked_momentum_pairs(self.method.momentum_pairs())
         params = [p for p in self.method.parameters() if p.requires_grad]
         groups = checked_param_groups(self.method) if params else []
         self.optimizer = make_optimizer(groups, self.train_cfg, self.device) if params else None
-        self.momentum_pairs = self.method.momentum_pairs()
         self.momentum = check_momentum(cfg["params"]) if self.momentum_pairs else None  # (tau_base, schedule)
         self.total_steps = self.train_cfg["epochs"] * self.steps_per_epoch
         self.loss_fn = _TrainingLoss(self.method)

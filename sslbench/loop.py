@@ -105,7 +105,6 @@ def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
 
 
 OPTIMIZERS = ("sgd", "adamw", "lars")
-GROUP_OPTIONS = ("lr_scale", "fixed_lr", "weight_decay", "exclude_from_lars")
 
 
 def param_groups(params, train: dict) -> list[dict]:

@@ -54,11 +54,14 @@ modules whose parameters, in order, match ``target.parameters()`` in number and 
 method's config.yaml gives ``momentum`` (tau_base) and ``momentum_schedule``: ``constant`` (MoCo
 v1/v2: tau = tau_base) or ``cosine`` (BYOL, MoCo v3, DINO: tau_k = 1 - (1 - tau_base)(cos(pi k / K)
 + 1) / 2, k the 0-based index of the step just taken, K the run's steps: tau_base after the first
-step, 1 at the end). The engine applies ``target <- tau target + (1 - tau) online`` right after
-each optimiser step and logs the last tau of each epoch as ``target_momentum``. The target is the
-method's to build: ``sslbench.momentum.frozen_copy`` copies the online modules (MoCo, MoCo v3,
-DINO); BYOL's official target is initialised on its own (build it and ``freeze`` it). The target
-never receives gradients; its batch-norm statistics are its own.
+step, 1 - (1 - tau_base) pi^2 / (4 K^2) after the last, as BYOL's target_ema and DINO's
+cosine_scheduler; MoCo v3's code applies that tau at the next forward, one step later). The
+engine applies ``target <- tau target + (1 - tau) online`` right after each optimiser step and
+logs the last tau of each epoch as ``target_momentum``. The target is the method's to build:
+``sslbench.momentum.frozen_copy`` copies the online modules (MoCo, MoCo v3, DINO); BYOL's official
+target is initialised on its own (build it and ``freeze`` it). The target never receives gradients
+(the engine refuses a pair whose target has trainable parameters or whose shapes differ); its
+batch-norm statistics are its own.
 
 State that must survive a resume lives in parameters and buffers; everything random is re-seeded
 per epoch by the engine (draw from torch's global RNG, never keep a generator).

@@ -2,6 +2,7 @@
 
 - ``momentum_at``:         tau at a step: constant (MoCo v1/v2) or cosine to 1 (BYOL, MoCo v3, DINO).
 - ``check_momentum``:      a method's ``momentum`` and ``momentum_schedule`` settings, checked.
+- ``checked_momentum_pairs``: a method's ``momentum_pairs``, checked (shapes; frozen targets).
 - ``ema_update``:          target <- tau target + (1 - tau) online, every parameter (the engine calls
                            it for each of a method's ``momentum_pairs`` after the optimiser step).
 - ``frozen_copy``, ``freeze``: a target as a gradient-free copy of online modules, or one built apart.
@@ -95,7 +96,8 @@ def check_momentum(params: dict) -> tuple[float, str]:
     base, schedule = params.get("momentum"), params.get("momentum_schedule")
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not 0.0 <= base <= 1.0:
         raise ConfigError(
-            f"config key `momentum` (the momentum target's tau_base) must lie in [0, 1], got {base!r}"
+            f"config key `momentum` (the momentum target's tau_base) must lie in [0, 1], got {base!r}; "
+            "a method with momentum pairs sets it and `momentum_schedule` in its config.yaml"
         )
     if schedule not in MOMENTUM_SCHEDULES:
         raise ConfigError(
@@ -130,6 +132,23 @@ def paired_parameters(
             f"{len(theta_t)} in order and shape"
         )
     return theta_o, theta_t
+
+
+def checked_momentum_pairs(pairs: list) -> list[tuple[list[nn.Module], nn.Module]]:
+    """A method's ``momentum_pairs()``, checked once when training starts: each online side matches
+    its target in order and shapes, and no target parameter takes gradients (the EMA alone moves it;
+    the optimiser would move it too)."""
+    checked = []
+    for i, (online, target) in enumerate(pairs):
+        online = list(online)
+        paired_parameters(online, target)
+        if any(p.requires_grad for p in target.parameters()):
+            raise ValueError(
+                f"momentum pair {i}: the target has parameters that require grad; build it with "
+                "sslbench.momentum.frozen_copy or freeze it (sslbench.momentum.freeze)"
+            )
+        checked.append((online, target))
+    return checked
 
 
 @torch.no_grad()

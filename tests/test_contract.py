@@ -10,24 +10,25 @@
    with tau of the cosine schedule at that step, and multi-crop views reach training_loss in order.
 """
 
+import copy
 import math
 import shutil
 import warnings
 
 import pytest
 import torch
-from conftest import METHODS_DIR, REPO, tiny_suite_config
+from conftest import METHODS_DIR, contract_folders, tiny_suite_config
 from timm.optim import Lars
+from torch import nn
 
-from sslbench.config import ConfigError, discover_methods, resolve_method_config
+from sslbench import momentum
+from sslbench.config import ConfigError, resolve_method_config
 from sslbench.engine import Trainer, pretrain
 from sslbench.loop import learning_rate
+from sslbench.method import embed_crops
 from sslbench.momentum import momentum_at
 
-TEST_METHODS_DIR = REPO / "tests" / "methods"
-FOLDERS = {name: METHODS_DIR / name for name in discover_methods(METHODS_DIR)} | {
-    "exerciser": TEST_METHODS_DIR / "exerciser"
-}
+FOLDERS = contract_folders()
 BATCH = 128  # 10 steps per epoch on the 1,347 digits: seconds per method
 
 
@@ -200,6 +201,74 @@ def test_views_reach_training_loss_globals_first_then_local_crops_in_order(tmp_p
     views, idx = batch_views(trainer)
     trainer.train_step(views, idx, trainer.epoch_context())
     assert trainer.method.last_views == [(BATCH, 1, 8, 8)] * 2 + [(BATCH, 1, 4, 4)] * 2
+
+
+def test_on_before_step_sees_the_averaged_gradients_and_a_gradient_it_drops_moves_nothing(tmp_path):
+    # DINO's last-layer freeze: gradients set to None after the backward pass, before the step.
+    trainer = exerciser(tmp_path)
+    method = trainer.method
+    seen = []
+
+    def drop_predictor_gradients(ctx):
+        seen.append(all(p.grad is not None for p in method.parameters() if p.requires_grad))
+        for p in method.predictor.parameters():
+            p.grad = None
+
+    method.on_before_step = drop_predictor_gradients
+    predictor = [p.detach().clone() for p in method.predictor.parameters()]
+    projector = [p.detach().clone() for p in method.projector.parameters()]
+    views, idx = batch_views(trainer)
+    trainer.train_step(views, idx, trainer.epoch_context())
+    assert seen == [True]  # called once, after the backward pass
+    assert all(
+        torch.equal(a, b) for a, b in zip(predictor, method.predictor.parameters())
+    )  # no step, no decay
+    assert not any(torch.equal(a, b) for a, b in zip(projector, method.projector.parameters()))
+
+
+def test_embed_crops_runs_the_backbone_once_per_run_of_one_size_and_the_head_once():
+    torch.manual_seed(0)
+    backbone = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+    )
+    head = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    inputs = {"backbone": [], "head": []}
+    for name, module in (("backbone", backbone), ("head", head)):
+        module.register_forward_hook(
+            lambda m, args, out, name=name: inputs[name].append(tuple(args[0].shape))
+        )
+    views = [torch.randn(5, 1, side, side) for side in (8, 8, 4, 4, 4, 8)]  # globals, locals, a global again
+    out = embed_crops(backbone, views, head)
+    assert inputs == {"backbone": [(10, 1, 8, 8), (15, 1, 4, 4), (5, 1, 8, 8)], "head": [(30, 4)]}
+    # Train-mode batch norm: the backbone's statistics span one run of a size, the head's every view.
+    features = [backbone(torch.cat(views[:2])), backbone(torch.cat(views[2:5])), backbone(views[5])]
+    expected = head(torch.cat(features)).split(5)
+    assert len(out) == 6 and all(torch.equal(a, b) for a, b in zip(out, expected))
+    # Per-sample networks (eval mode): each view's output is its own, in order; no head: the features.
+    backbone.eval(), head.eval()
+    for got, view in zip(embed_crops(backbone, views, head), views):
+        torch.testing.assert_close(got, head(backbone(view)))
+    for got, view in zip(embed_crops(backbone, views), views):
+        torch.testing.assert_close(got, backbone(view))
+
+
+@pytest.mark.parametrize(
+    "target, needle",
+    [
+        (lambda online: momentum.freeze(copy.deepcopy(online[0])), "do not match the target's"),
+        (
+            lambda online: nn.Sequential(*map(copy.deepcopy, online)),
+            "the target has parameters that require grad",
+        ),
+    ],
+    ids=["a target of other shapes", "a trainable target"],
+)
+def test_a_momentum_pair_that_cannot_move_by_ema_is_refused_when_the_trainer_is_built(
+    tmp_path, monkeypatch, target, needle
+):
+    monkeypatch.setattr(momentum, "frozen_copy", target)  # what the exerciser builds its target with
+    with pytest.raises(ValueError, match=needle):
+        exerciser(tmp_path)
 
 
 def test_a_two_view_method_takes_exactly_its_views(tmp_path):
