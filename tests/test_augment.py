@@ -515,6 +515,10 @@ def test_solarise_inverts_the_values_at_or_above_the_threshold():
     x = torch.tensor([0.0, 0.25, 0.4999, 0.5, 0.75, 1.0]).view(1, 1, 1, 6)
     expected = torch.tensor([0.0, 0.25, 0.4999, 0.5, 0.25, 0.0]).view(1, 1, 1, 6)
     torch.testing.assert_close(augment.solarise(x, 0.5), expected)
+    # PIL's ImageOps.solarize inverts 128 of 255 and above (0.5 itself is its own inverse, so it cannot
+    # tell "at or above" from "above").
+    pil = torch.tensor([127, 128, 200]) / 255
+    torch.testing.assert_close(augment.solarise(pil, 128 / 255), torch.tensor([127, 127, 55]) / 255)
 
 
 def test_a_solarised_view_is_the_same_view_solarised_and_its_coin_is_drawn_last():

@@ -84,9 +84,7 @@ def test_group_options_set_each_groups_base_lr_and_a_fixed_group_ignores_the_sch
     ]
     optimizer = make_optimizer(groups, sgd_settings())
     assert [g["base_lr"] for g in optimizer.param_groups] == pytest.approx([0.1, 0.05, 0.2])
-    assert [g["weight_decay"] for g in optimizer.param_groups] == [
-        0.01
-    ] * 3  # train's, unless a group sets it
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.01, 0.01]  # train's: none sets it
     schedule = {"lr": 0.1, "schedule": "cosine", "epochs": 2}
     for step, share in [(0, 1.0), (5, 0.5), (10, 0.0)]:  # start, halfway and end of 2 epochs of 5 steps
         set_learning_rate(optimizer, schedule, step, 5)
