@@ -37,7 +37,11 @@ The pipeline, per sample:
    tap, i.e. no blur, which is what the relative blur amounts to there (sigma
    <= 0.15 px on 16 px).  Separable, reflect padding (SimCLR pads with zeros;
    PIL's blur replicates the edge);
-5. normalisation.
+5. solarisation with probability ``solarise_p`` (BYOL's, Barlow Twins', VICReg's, MoCo v3's
+   and DINO's second view): every value at or above ``solarise_threshold`` becomes 1 - value
+   (BYOL's augmentations.py on [0, 1] uses 0.5; PIL's ``ImageOps.solarize``, used by the PyTorch
+   codes, inverts pixels >= 128 of 255, i.e. 0.502);
+6. normalisation.
 
 The official recipes flip last (MoCo, self-label); flipping commutes with the
 colour steps and the symmetric blur, so flipping with the crop draws the same
@@ -47,6 +51,30 @@ SimCLR's code would give: the same fraction of the side as at 224 px.
 
 For 1-channel images saturation, hue and grayscale are no-ops (as in
 torchvision); brightness, contrast, blur, crop and flip still apply.
+
+Several views at once (``ViewAugment.views``, and ``MultiViewAugment`` for several settings and
+sizes): the parameters of view 1, then of view 2, ... are drawn in turn, exactly as so many
+calls of ``forward`` draw them, and every step then runs once on the whole stack of views.
+Solarisation's coin is drawn after every other parameter of a view, and only where
+``solarise_p > 0``, so the views of a pipeline without it are the views it drew before
+solarisation existed.
+
+The ``augment`` setting of a method (``view_groups``) takes three forms:
+
+- one view setting, ``{preset: mocov2, blur_p: 0.0, ...}``: every view of the method is drawn
+  with it (its ``num_views`` views, at the dataset's image size);
+- a list with one setting per view, ``[{preset: byol_view1}, {preset: byol_view2}]``:
+  BYOL's asymmetric views; consecutive equal settings are drawn in one call;
+- multi-crop groups, ``{preset: swav, crops: [{count: 2, size: 1.0, crop_scale: [0.14, 1]},
+  {count: 6, size: 0.43, crop_scale: [0.05, 0.14]}]}``: ``count`` views of side
+  ``size`` x the dataset's image size each, rounded to the nearest pixel (halves up), at least
+  2 px. The settings outside ``crops`` are every group's; a group's own keys (``preset`` and
+  any ViewConfig field) override them. SwAV's 224 / 96 px become size 1.0 / 0.43, i.e. 16 / 7 px
+  on the default's 16-px digits, 32 / 14 px on CIFAR, 224 / 96 px on ImageNet.
+
+Views come out in order: the groups in their order, each group's views in turn. The first
+views are the method's ``num_views`` global views, at the dataset's size; smaller (local)
+views follow only for a method that takes them (``Method.multi_crop``).
 
 Known deviation: ``grid_sample`` does not antialias, so crops larger than the
 output size are downscaled with some aliasing (torchvision antialiases).  For
@@ -65,7 +93,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError
+from .errors import ConfigError
 
 # ITU-R 601-2 luma weights (torchvision's rgb_to_grayscale rounds red to 0.2989).
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
@@ -100,6 +128,8 @@ class ViewConfig:
     blur_p: float = 0.5
     blur_sigma: tuple[float, float] = (0.1, 2.0)  # in pixels of a 224-px view, scaled by side / 224
     # blur kernel size scales with the image: ~10% of the side, odd (SimCLR's rule)
+    solarise_p: float = 0.0
+    solarise_threshold: float = 0.5  # values >= it become 1 - value (BYOL's 0.5; PIL's 128/255)
 
     def __post_init__(self):
         for name in ("crop_scale", "crop_ratio", "blur_sigma"):
@@ -118,9 +148,14 @@ class ViewConfig:
         low, high = self.blur_sigma
         if not 0 < low <= high:
             raise ValueError(f"ViewConfig.blur_sigma must satisfy 0 < low <= high, got {self.blur_sigma}")
-        for name in ("flip_p", "jitter_p", "gray_p", "blur_p"):
+        for name in ("flip_p", "jitter_p", "gray_p", "blur_p", "solarise_p"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"ViewConfig.{name} is a probability in [0, 1], got {getattr(self, name)}")
+        if not 0 <= self.solarise_threshold <= 1:
+            raise ValueError(
+                "ViewConfig.solarise_threshold must be in [0, 1] (a pixel value), "
+                f"got {self.solarise_threshold}"
+            )
         for name in ("brightness", "contrast", "saturation"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ViewConfig.{name} must be >= 0, got {getattr(self, name)}")
@@ -210,6 +245,35 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
         gray_p=0.0,
         blur_p=0.0,
     ),
+    # BYOL's asymmetric pair (deepmind-research byol/utils/augmentations.py), which Barlow Twins
+    # (main.py Transform), VICReg (augmentations.py), MoCo v3 (main_moco.py, with crop scale
+    # (0.2, 1)) and DINO's two global crops (main_dino.py) use too: crop (0.08, 1), flip,
+    # ColorJitter(0.4, 0.4, 0.2, 0.1) p=0.8, grey p=0.2, then blur p=1.0 (view 1) / 0.1 (view 2)
+    # and solarisation p=0 / 0.2. The PyTorch codes use torchvision's jitter, as here; BYOL's own
+    # jitter adds brightness instead of scaling it, and its solarisation threshold 0.5 is the
+    # one here (PIL's 128/255 in the PyTorch codes).
+    "byol_view1": ViewConfig(
+        crop_scale=(0.08, 1.0),
+        brightness=0.4,
+        contrast=0.4,
+        saturation=0.2,
+        hue=0.1,
+        jitter_p=0.8,
+        gray_p=0.2,
+        blur_p=1.0,
+        solarise_p=0.0,
+    ),
+    "byol_view2": ViewConfig(
+        crop_scale=(0.08, 1.0),
+        brightness=0.4,
+        contrast=0.4,
+        saturation=0.2,
+        hue=0.1,
+        jitter_p=0.8,
+        gray_p=0.2,
+        blur_p=0.1,
+        solarise_p=0.2,
+    ),
     # No augmentation: the whole (square) image resized to the output size.
     "none": ViewConfig(
         crop_scale=(1.0, 1.0),
@@ -236,6 +300,110 @@ def view_config(preset: str = "mocov2", **overrides) -> ViewConfig:
         return dataclasses.replace(VIEW_PRESETS[preset], **overrides)
     except ValueError as err:  # ViewConfig's checks of the values an `augment:` section set
         raise ConfigError(f"`augment` settings: {err}") from err
+
+
+@dataclass(frozen=True)
+class CropGroup:
+    """``count`` views of side ``size`` pixels drawn with ``config``, made in one call."""
+
+    count: int
+    size: int
+    config: ViewConfig
+
+
+def view_groups(augment: dict | list, image_size: int, num_views: int) -> list[CropGroup]:
+    """The views of a method's ``augment`` setting (the module docstring's three forms), in order;
+    consecutive groups of equal size and settings are merged (one call draws them all)."""
+    if isinstance(augment, list):
+        if not augment:
+            raise ConfigError("`augment`: an empty list; give one view setting per view")
+        groups = [
+            CropGroup(1, image_size, _view_setting(entry, f"augment[{i}]")) for i, entry in enumerate(augment)
+        ]
+    elif isinstance(augment, dict) and "crops" in augment:
+        shared = {key: value for key, value in augment.items() if key != "crops"}
+        crops = augment["crops"]
+        if not isinstance(crops, list) or not crops:
+            raise ConfigError(
+                "`augment.crops` must be a non-empty list of {count, size, <view settings>} groups, "
+                f"got {crops!r}"
+            )
+        groups = [
+            _crop_group(crop, shared, image_size, f"augment.crops[{i}]") for i, crop in enumerate(crops)
+        ]
+    elif isinstance(augment, dict):
+        groups = [CropGroup(num_views, image_size, _view_setting(augment, "augment"))]
+    else:
+        raise ConfigError(
+            "`augment` must be one view setting (a mapping), a list of them or {crops: [...]}, "
+            f"got {augment!r}"
+        )
+    merged = [groups[0]]
+    for group in groups[1:]:
+        last = merged[-1]
+        if (group.size, group.config) == (last.size, last.config):
+            merged[-1] = CropGroup(last.count + group.count, last.size, last.config)
+        else:
+            merged.append(group)
+    return merged
+
+
+def crop_side(size: float, image_size: int) -> int:
+    """A crop's side in pixels: ``size`` x the dataset's image side, to the nearest pixel (halves up)."""
+    return int(size * image_size + 0.5)
+
+
+def _crop_group(crop, shared: dict, image_size: int, where: str) -> CropGroup:
+    if not isinstance(crop, dict):
+        raise ConfigError(f"`{where}` must be a mapping {{count, size, <view settings>}}, got {crop!r}")
+    count, size = crop.get("count"), crop.get("size", 1.0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"`{where}.count` must be a positive integer (views of this group), got {count!r}")
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size <= 1:
+        raise ConfigError(
+            f"`{where}.size` is the crop's side as a fraction of the image's, in (0, 1], got {size!r}"
+        )
+    side = crop_side(size, image_size)
+    if side < 2:
+        raise ConfigError(
+            f"`{where}.size` = {size} gives {side} px on {image_size}-px images; a crop needs at least 2 px"
+        )
+    setting = {**shared, **{key: value for key, value in crop.items() if key not in ("count", "size")}}
+    return CropGroup(count, side, _view_setting(setting, where))
+
+
+def _view_setting(setting, where: str) -> ViewConfig:
+    if not isinstance(setting, dict):
+        raise ConfigError(
+            f"`{where}` must be a mapping of view settings (preset, ViewConfig fields), got {setting!r}"
+        )
+    try:
+        return view_config(**setting)
+    except ConfigError as err:
+        raise ConfigError(f"`{where}`: {err}") from err
+
+
+def check_view_groups(groups: list[CropGroup], num_views: int, multi_crop: bool, image_size: int) -> None:
+    """The views fit the method: its ``num_views`` global views first, at the dataset's size, then
+    smaller (local) views only for a multi-crop method."""
+    sides = [group.size for group in groups for _ in range(group.count)]
+    if len(sides) < num_views or (len(sides) > num_views and not multi_crop):
+        raise ConfigError(
+            f"`augment` gives {len(sides)} view(s) but the method takes {num_views} (its num_views)"
+            + ("" if not multi_crop else " global views, then any local crops")
+            + "; give one view setting for all of them or one per view"
+        )
+    if any(side != image_size for side in sides[:num_views]):
+        raise ConfigError(
+            f"`augment`: the first {num_views} view(s) are the method's global views, at the dataset's "
+            f"{image_size} px (size: 1.0), but their sides are {sides[:num_views]}; put smaller crops "
+            "after them"
+        )
+
+
+def describe_views(groups: list[CropGroup]) -> str:
+    """'2 x 16px + 6 x 7px': the views of a plan, for logs and benchmark notes."""
+    return " + ".join(f"{group.count} x {group.size}px" for group in groups)
 
 
 def blur_kernel_size(image_size: int) -> int:
@@ -386,6 +554,11 @@ def _hue_value_chroma(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 _JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
 
 
+def solarise(x: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Values at or above ``threshold`` become 1 - value (images in [0, 1])."""
+    return torch.where(x >= threshold, 1 - x, x)
+
+
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
     """Separable Gaussian blur with a per-sample sigma [n] (pixels) and reflect padding.
 
@@ -420,6 +593,15 @@ class _ViewParams:
     gray: torch.Tensor  # [B] bool
     blur: torch.Tensor  # [B] bool
     sigma: torch.Tensor  # [B]
+    solarise: torch.Tensor  # [B] bool
+
+
+def _stack_params(params: list[_ViewParams]) -> _ViewParams:
+    """The parameters of several views of a batch as those of one batch of all of them, in order."""
+    if len(params) == 1:
+        return params[0]
+    fields = [f.name for f in dataclasses.fields(_ViewParams)]
+    return _ViewParams(*(torch.cat([getattr(p, name) for p in params]) for name in fields))
 
 
 def _uniform(n: int, low: float, high: float, generator, shape: tuple = ()) -> torch.Tensor:
@@ -479,7 +661,14 @@ def _draw_params(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator) -> _V
     gray = torch.rand(n, generator=generator) < cfg.gray_p
     blur = torch.rand(n, generator=generator) < cfg.blur_p
     sigma = _uniform(n, *cfg.blur_sigma, generator)
-    return _ViewParams(top, left, height, width, flip, jitter, jitter_order, factors, gray, blur, sigma)
+    # Drawn last and only where used: a pipeline without solarisation draws what it drew before it existed.
+    if cfg.solarise_p > 0:
+        solarise = torch.rand(n, generator=generator) < cfg.solarise_p
+    else:
+        solarise = torch.zeros(n, dtype=torch.bool)
+    return _ViewParams(
+        top, left, height, width, flip, jitter, jitter_order, factors, gray, blur, sigma, solarise
+    )
 
 
 def _indices(mask: torch.Tensor, device: torch.device) -> torch.Tensor | None:
@@ -542,11 +731,22 @@ class ViewAugment(nn.Module):
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.views(images, generator, 1)[0]
+
+    @torch.no_grad()
+    def views(
+        self, images: torch.Tensor, generator: torch.Generator | None = None, count: int = 1
+    ) -> list[torch.Tensor]:
+        """``count`` views of the batch, the same as ``count`` calls of forward draw, in one pass."""
         _check_uint8_batch(images, self.channels, type(self).__name__)
         n, _, in_h, in_w = images.shape
         if generator is not None and generator.device.type != "cpu":
             raise ValueError("ViewAugment draws its parameters on the CPU: pass a CPU torch.Generator")
-        params = _draw_params(n, in_h, in_w, self.config, generator)
+        params = _stack_params([_draw_params(n, in_h, in_w, self.config, generator) for _ in range(count)])
+        stacked = images if count == 1 else images.repeat(count, 1, 1, 1)
+        return list(self._pipeline(stacked, params).split(n))
+
+    def _pipeline(self, images: torch.Tensor, params: _ViewParams) -> torch.Tensor:
         device = images.device
         x = self._crop_and_flip(images, params)
         if self.config.grey_first:
@@ -558,6 +758,8 @@ class ViewAugment(nn.Module):
         if self.blur_kernel_size > 1 and (idx := _indices(params.blur, device)) is not None:
             sigma = params.sigma.to(device)[idx] * self.blur_sigma_scale
             x[idx] = gaussian_blur(x[idx], sigma, self.blur_kernel_size)
+        if (idx := _indices(params.solarise, device)) is not None:
+            x[idx] = solarise(x[idx], self.config.solarise_threshold)
         return (x - self.mean.to(device)) / self.std.to(device)
 
     def _grey(self, x: torch.Tensor, params: _ViewParams, device: torch.device) -> None:
@@ -613,6 +815,28 @@ class ViewAugment(nn.Module):
                     chunk[part] = op(chunk[part], slot_factors[part, op_index])
                 start += count
         x[jittered[holds].to(device)] = chunk
+
+
+class MultiViewAugment(nn.Module):
+    """The views of a method's ``augment`` setting (``view_groups``): one ViewAugment per group, a
+    group's views in one call, a list of uint8 [B, C, H, W] -> normalised [B, C, S_v, S_v] per view."""
+
+    def __init__(self, groups: list[CropGroup], channels: int, mean: Sequence[float], std: Sequence[float]):
+        super().__init__()
+        self.counts = [group.count for group in groups]
+        self.groups = nn.ModuleList(ViewAugment(g.size, channels, mean, std, g.config) for g in groups)
+
+    @property
+    def num_views(self) -> int:
+        return sum(self.counts)
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+        return [
+            view
+            for augment, count in zip(self.groups, self.counts)
+            for view in augment.views(images, generator, count)
+        ]
 
 
 class EvalTransform(nn.Module):

@@ -1,10 +1,12 @@
 """The one pretraining loop every method shares.
 
-The engine owns: data order and views, the optimiser and its schedule, devices
+The engine owns: data order and views, the optimiser over the method's parameter
+groups and its schedule, the momentum (EMA) updates of the method's pairs, devices
 (bf16 autocast and channels_last on CUDA), per-epoch atomic checkpoints and
 resume, the epoch log, and divergence checks (the pieces it shares with the
-protocols' loops are in ``sslbench.loop``).  A method only computes its loss
-and hooks the start of an epoch and the end of a step (see ``sslbench.method``).
+protocols' loops are in ``sslbench.loop``).  A method computes its loss, declares
+its groups, pairs and views, and hooks the start of an epoch, the gradients before
+the step and the end of a step (see ``sslbench.method``).
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ from tqdm import tqdm
 
 from . import atomic
 from . import distributed as dist
-from .augment import EvalTransform, ViewAugment, dataset_stats, view_config
+from .augment import EvalTransform, MultiViewAugment, check_view_groups, dataset_stats, view_groups
 from .backbones import backbone_from_config
 from .batches import batch_source
 from .config import ConfigError, dataset_label
 from .data import Dataset, load_data
 from .errors import SslbenchError
-from .loop import autocast, check_finite, learning_rate, make_optimizer, shuffled_batches
-from .method import DataInfo, EpochContext, Method
+from .loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate, shuffled_batches
+from .method import DataInfo, EpochContext, Method, checked_param_groups
+from .momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from .plugins import load_method_class
 from .provenance import provenance
 
@@ -135,8 +138,8 @@ class Trainer:
         self.method = build_method(method_dir, cfg, self.data, seed).to(self.device)
         self.mean, self.std = mean, std = normalisation(self.data)  # stored in the checkpoint for extract
         size, channels = self.data.image_size, self.data.channels
-        views = view_config(**cfg.get("augment", {}))
-        self.augment = ViewAugment(size, channels, mean, std, views).to(self.device)
+        self.view_groups = self.method_views(cfg.get("augment", {}), size)
+        self.augment = MultiViewAugment(self.view_groups, channels, mean, std).to(self.device)
         self.eval_transform = EvalTransform(size, channels, mean, std).to(self.device)
         self.on_cuda = self.device.type == "cuda"
         # The speed switches this run uses: decided once, from the config and the device.
@@ -160,8 +163,13 @@ class Trainer:
             )
         self.local_batch = self.batch_size // self.world
         self.steps_per_epoch = len(self.labels) // self.batch_size  # drop_last: fixed-size batches (queues)
+        # The pairs first: a target left trainable is named as such, not as a parameter left out of a group.
+        self.momentum_pairs = checked_momentum_pairs(self.method.momentum_pairs())
         params = [p for p in self.method.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(params, self.train_cfg, self.device) if params else None
+        groups = checked_param_groups(self.method) if params else []
+        self.optimizer = make_optimizer(groups, self.train_cfg, self.device) if params else None
+        self.momentum = check_momentum(cfg["params"]) if self.momentum_pairs else None  # (tau_base, schedule)
+        self.total_steps = self.train_cfg["epochs"] * self.steps_per_epoch
         self.loss_fn = _TrainingLoss(self.method)
         if self.world > 1 and params:
             from torch.nn.parallel import DistributedDataParallel
@@ -173,8 +181,20 @@ class Trainer:
         self.superseded: list[Path] = []  # checkpoints of other settings found by resume()
 
     # --- data -------------------------------------------------------------------------------
+    def method_views(self, augment, image_size: int) -> list:
+        """The view groups of the run's ``augment`` setting, checked against the method's views."""
+        try:
+            groups = view_groups(augment, image_size, self.method.num_views)
+            check_view_groups(groups, self.method.num_views, self.method.multi_crop, image_size)
+        except ConfigError as err:
+            name = self.cfg["method"]
+            raise ConfigError(
+                f"{name}: {err} (set in {self.method_dir / 'config.yaml'} or method_overrides.{name}.augment)"
+            ) from err
+        return groups
+
     def make_views(self, images: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
-        views = [self.augment(images, generator) for _ in range(self.method.num_views)]
+        views = self.augment(images, generator)
         if self.channels_last:
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
         return views
@@ -305,18 +325,24 @@ class Trainer:
         )
 
     def train_step(
-        self, views: list[torch.Tensor], idx: torch.Tensor, lr: float, ctx: EpochContext, batch: int = 0
+        self, views: list[torch.Tensor], idx: torch.Tensor, ctx: EpochContext, batch: int = 0
     ) -> float:
-        """One optimiser step of the method on a batch's views; returns the loss."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        """One optimiser step of the method on a batch's views, at the schedule's lr of step
+        ``state.step`` (each group's), then the momentum updates; returns the loss."""
+        set_learning_rate(self.optimizer, self.train_cfg, self.state.step, self.steps_per_epoch)
         labels = self.labels[idx] if self.method.needs_labels else None
         with self.autocast():
             loss = self.loss_fn(views, labels, idx)
         value = self.state.last_finite_loss = check_finite(loss, self._diverged, batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.method.on_before_step(ctx)
         self.optimizer.step()
+        if self.momentum_pairs:
+            tau = momentum_at(*self.momentum, self.state.step, self.total_steps)
+            for online, target in self.momentum_pairs:
+                ema_update(online, target, tau)
+            ctx.log["target_momentum"] = tau  # the epoch's last
         self.state.step += 1
         ctx.step = self.state.step
         self.method.on_step_end(ctx)
@@ -353,8 +379,8 @@ class Trainer:
         )
         for batch, images in zip(bar, image_batches):
             idx = index_batches[batch].to(self.device)
-            lr = learning_rate(self.train_cfg, self.state.step, self.steps_per_epoch)
-            value = self.train_step(self.make_views(images, view_gen), idx, lr, ctx, batch)
+            lr = learning_rate(self.train_cfg, self.state.step, self.steps_per_epoch)  # the log's
+            value = self.train_step(self.make_views(images, view_gen), idx, ctx, batch)
             total += value
             seen += len(idx) * self.world
             bar.set_postfix(loss=f"{value:.4f}")

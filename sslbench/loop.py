@@ -3,10 +3,30 @@ and the semi-supervised fine-tune, so that each is written once:
 
 - shuffled_batches:  one epoch's index batches in a random order
 - learning_rate:     the schedule (linear warm-up, then cosine, x0.1 steps or constant) at a step
-- make_optimizer:    SGD or AdamW from settings (fused on CUDA where asked)
+- set_learning_rate: every parameter group's lr at a step (its own base, or fixed)
+- make_optimizer:    SGD, AdamW or LARS (timm.optim.Lars) from settings, over parameter groups
 - check_finite:      the divergence check, raising TrainingDiverged
 - autocast:          the bf16 autocast context of a device (CUDA only)
 - fit_classifier:    the protocols' loop: cross-entropy on augmented views, one step per batch
+
+Parameter groups (``make_optimizer``): a group is a dict with ``params`` and any of these options
+(a method's ``param_groups()`` returns such dicts; plain tensors make one group with none):
+
+- ``lr_scale`` (1.0):   the group's lr is the schedule's lr times it (its ``base_lr`` is
+                        ``train.lr`` x ``lr_scale``; Barlow Twins' bias lr);
+- ``fixed_lr`` (False): the schedule never moves the group: its lr stays ``base_lr`` (SimSiam's
+                        predictor, ``--fix-pred-lr``);
+- ``weight_decay``:     the group's own (default ``train.weight_decay``);
+- ``exclude_from_lars`` (False): LARS neither adapts nor decays the group (biases and norm
+                        parameters in BYOL, Barlow Twins, VICReg, MoCo v3); it must have weight
+                        decay 0. Under SGD / AdamW the flag does nothing (the weight decay does).
+
+LARS is timm's ``Lars`` with ``train.momentum``, ``train.lars_trust_coefficient`` (eta) and
+``train.lars_trust_clip`` (LARC's clipping: the adapted lr never exceeds the group's lr). Its trust
+ratio is apex LARC's, eta ||w|| / (||g|| + wd ||w||); BYOL, Barlow Twins, VICReg, MoCo v3 and DINO's
+own LARS divide by ||g + wd w|| instead (equal when wd = 0, within wd ||w|| / ||g|| otherwise, tiny
+at their wd of 1e-6): a method README that uses it says so. Every group not excluded is adapted,
+also when its weight decay is 0 (timm's ``always_adapt``).
 
 This module knows nothing of methods, checkpoints or protocols (it imports only sslbench.errors):
 the engine and the protocols call it, never the other way round.
@@ -69,9 +89,12 @@ def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float |
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, schedule: dict, step: int, steps_per_epoch: int):
     """Every parameter group's lr at ``step``: the schedule applied to the group's ``base_lr``
-    (or to the schedule's ``lr`` for a group without one)."""
+    (or to the schedule's ``lr`` for a group without one); a ``fixed_lr`` group keeps its base."""
     for group in optimizer.param_groups:
-        group["lr"] = learning_rate(schedule, step, steps_per_epoch, group.get("base_lr"))
+        if group.get("fixed_lr"):
+            group["lr"] = group["base_lr"]
+        else:
+            group["lr"] = learning_rate(schedule, step, steps_per_epoch, group.get("base_lr"))
 
 
 def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
@@ -81,16 +104,68 @@ def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
     return device.type == "cuda" if fused == "auto" else bool(fused)
 
 
+OPTIMIZERS = ("sgd", "adamw", "lars")
+
+
+def param_groups(params, train: dict) -> list[dict]:
+    """The optimiser's groups: each group of ``params`` (or one group of plain tensors) with its
+    options filled in (module docstring) and its ``base_lr`` and starting ``lr``. A group that sets
+    ``base_lr`` itself (the protocols' fine-tune) keeps it."""
+    params = list(params)
+    groups = [dict(g) for g in params] if params and isinstance(params[0], dict) else [{"params": params}]
+    for group in groups:
+        group["params"] = list(group["params"])
+        group.setdefault("lr_scale", 1.0)
+        group.setdefault("fixed_lr", False)
+        group.setdefault("exclude_from_lars", False)
+        group.setdefault("weight_decay", train["weight_decay"])
+        group.setdefault("base_lr", train["lr"] * group["lr_scale"])
+        group.setdefault("lr", group["base_lr"])
+    return groups
+
+
 def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
+    """``train.optimizer`` over ``params`` (tensors or parameter groups: see the module docstring)."""
     name = train["optimizer"]
+    groups = param_groups(params, train)
     fused = {"fused": True} if uses_fused_optimizer(train, torch.device(device)) else {}
     if name == "sgd":
         return torch.optim.SGD(
-            params, lr=train["lr"], momentum=train["momentum"], weight_decay=train["weight_decay"], **fused
+            groups, lr=train["lr"], momentum=train["momentum"], weight_decay=train["weight_decay"], **fused
         )
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
-    raise ConfigError(f"config key `train.optimizer`: unknown optimiser {name!r}; known: sgd, adamw")
+        return torch.optim.AdamW(groups, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
+    if name == "lars":
+        return make_lars(groups, train)
+    raise ConfigError(
+        f"config key `train.optimizer`: unknown optimiser {name!r}; known: {', '.join(OPTIMIZERS)}"
+    )
+
+
+def make_lars(groups: list[dict], train: dict) -> torch.optim.Optimizer:
+    """timm's Lars: every group adapted (``always_adapt``) but those with ``exclude_from_lars``."""
+    from timm.optim import Lars
+
+    if train.get("fused_optimizer") is True:
+        raise ConfigError(
+            "config key `train.fused_optimizer`: true needs `train.optimizer` sgd or adamw; timm's LARS has "
+            "no fused update (set it to auto or false)"
+        )
+    for group in groups:
+        if group["exclude_from_lars"] and group["weight_decay"] != 0:
+            raise ValueError(
+                f"a parameter group with exclude_from_lars has weight_decay {group['weight_decay']}: timm's "
+                "Lars adapts every group it decays; give the excluded group weight_decay 0.0"
+            )
+        group["always_adapt"] = not group["exclude_from_lars"]
+    return Lars(
+        groups,
+        lr=train["lr"],
+        momentum=train["momentum"],
+        weight_decay=train["weight_decay"],
+        trust_coeff=train["lars_trust_coefficient"],
+        trust_clip=bool(train["lars_trust_clip"]),
+    )
 
 
 def check_finite(loss: torch.Tensor, message: Callable[..., str], *context) -> float:

@@ -2,23 +2,74 @@
 
 A method is an ``nn.Module`` that receives the backbone from the engine and owns
 its heads, its loss and its state (queues, momentum encoders, prototypes,
-pseudo-labels).  The engine owns everything else: the loop, the optimiser and
-schedule, checkpoints, devices, AMP, DDP and logs.
+pseudo-labels).  The engine owns everything else: the loop, the views, the
+optimiser and its schedule, the momentum (EMA) updates, checkpoints, devices,
+AMP, DDP and logs.
 
     class MyMethod(Method):
-        num_views = 2           # augmented views per image the loss needs
+        num_views = 2           # global views per image the loss needs (at the dataset's size)
+        multi_crop = False      # True: `augment.crops` may add smaller (local) views after them
         needs_labels = False    # True for supervised methods (SupCon, CE)
 
         def __init__(self, backbone, info, cfg): ...
         def training_loss(self, views, labels, indices) -> Tensor
+        def param_groups(self) -> list[dict]       # optional: lr scale, fixed lr, wd, LARS exclusion
+        def momentum_pairs(self) -> list[tuple]    # optional: (online modules, target) EMA pairs
         def on_epoch_start(self, ctx) -> None      # optional: E-step, relabelling
-        def on_step_end(self, ctx) -> None         # optional: momentum updates
+        def on_before_step(self, ctx) -> None      # optional: clip or drop gradients
+        def on_step_end(self, ctx) -> None         # optional: state updates after the step
         def encoder(self) -> nn.Module             # the network evaluated
+
+One training step, as the engine runs it:
+
+    views = augment(images)                    # num_views global views, then local crops
+    loss = method.training_loss(views, labels, indices)
+    loss.backward()                            # under DDP: gradients averaged over ranks
+    method.on_before_step(ctx)
+    optimizer.step()                           # lr of each group set by the schedule before
+    tau = momentum at this step                # for online, target in momentum_pairs():
+    target <- tau target + (1 - tau) online    #   every parameter, not the BN statistics
+    method.on_step_end(ctx)
+
+Views (``augment:`` in the method's config.yaml, parsed by sslbench.augment.view_groups): one view
+setting for every view, a list with one per view (BYOL's asymmetric views: presets ``byol_view1``
+and ``byol_view2``), or multi-crop groups ``{crops: [{count, size, <view settings>}, ...]}`` with
+sizes as fractions of the dataset's image side. ``training_loss`` gets the views in that order: the
+``num_views`` global views (at the dataset's size) first, then any local crops (only where
+``multi_crop`` is True; how many is the config's, so count them in ``views``). ``embed_crops``
+runs a network over views of several sizes as one batch per size (SwAV's and DINO's multi-crop
+forward); ``embed_views`` embeds same-size views as one batch (SimCLR, SupCon).
+
+Parameter groups (``param_groups``): dicts with ``params`` and any of ``lr_scale`` (the schedule's
+lr times it), ``fixed_lr`` (True: the group keeps ``train.lr`` x ``lr_scale``, the schedule never
+moves it), ``weight_decay`` (default ``train.weight_decay``) and ``exclude_from_lars`` (no weight
+decay and no LARS adaptation; needs ``weight_decay: 0.0``). Every trainable parameter in exactly
+one group. ``exclude_bias_and_norm`` splits parameters the way BYOL, Barlow Twins, VICReg, MoCo v3
+and DINO do. The optimiser is ``train.optimizer`` (sgd | adamw | lars: timm's Lars; see
+sslbench.loop for its trust ratio, apex LARC's, and the settings ``lars_trust_coefficient`` and
+``lars_trust_clip``).
+
+Momentum pairs (``momentum_pairs``): a list of ``(online, target)`` with ``online`` a sequence of
+modules whose parameters, in order, match ``target.parameters()`` in number and shapes. The
+method's config.yaml gives ``momentum`` (tau_base) and ``momentum_schedule``: ``constant`` (MoCo
+v1/v2: tau = tau_base) or ``cosine`` (BYOL, MoCo v3, DINO: tau_k = 1 - (1 - tau_base)(cos(pi k / K)
++ 1) / 2, k the 0-based index of the step just taken, K the run's steps: tau_base after the first
+step, 1 - (1 - tau_base) pi^2 / (4 K^2) after the last, as BYOL's target_ema and DINO's
+cosine_scheduler; MoCo v3's code applies that tau at the next forward, one step later). The
+engine applies ``target <- tau target + (1 - tau) online`` right after each optimiser step and
+logs the last tau of each epoch as ``target_momentum``. The target is the method's to build:
+``sslbench.momentum.frozen_copy`` copies the online modules (MoCo, MoCo v3, DINO); BYOL's official
+target is initialised on its own (build it and ``freeze`` it). The target never receives gradients
+(the engine refuses a pair whose target has trainable parameters or whose shapes differ); its
+batch-norm statistics are its own.
+
+State that must survive a resume lives in parameters and buffers; everything random is re-seeded
+per epoch by the engine (draw from torch's global RNG, never keep a generator).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -64,7 +115,8 @@ class EpochContext:
 class Method(nn.Module):
     """Base class of every method in ``methods/<name>/method.py``."""
 
-    num_views: int = 2
+    num_views: int = 2  # global views (the dataset's size); may be set in __init__ from the config
+    multi_crop: bool = False  # True: the config may add local crops after the global views
     needs_labels: bool = False
 
     def __init__(self, backbone: nn.Module, info: DataInfo, cfg: dict):
@@ -77,15 +129,28 @@ class Method(nn.Module):
     def training_loss(
         self, views: list[torch.Tensor], labels: torch.Tensor | None, indices: torch.Tensor
     ) -> torch.Tensor:
-        """The loss for one batch: ``views`` holds ``num_views`` tensors [B, C, H, W];
-        ``indices`` are the images' positions in the train split."""
+        """The loss for one batch: ``views`` holds the ``num_views`` global views [B, C, H, W], then
+        any local crops [B, C, h, w]; ``indices`` are the images' positions in the train split."""
         raise NotImplementedError(f"{type(self).__name__} must implement training_loss()")
+
+    def param_groups(self) -> list[dict]:
+        """The optimiser's parameter groups (module docstring); default: every trainable
+        parameter in one group with the ``train`` settings."""
+        return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
+    def momentum_pairs(self) -> list[tuple[Sequence[nn.Module], nn.Module]]:
+        """(online modules, target) pairs the engine moves by EMA after every step; default none."""
+        return []
 
     def on_epoch_start(self, ctx: EpochContext) -> None:
         """Called before every epoch (including the first)."""
 
+    def on_before_step(self, ctx: EpochContext) -> None:
+        """Called after the backward pass (gradients averaged over ranks), before the optimiser
+        step: clip gradients or set them to None (a frozen layer: no update, no weight decay)."""
+
     def on_step_end(self, ctx: EpochContext) -> None:
-        """Called after every optimiser step."""
+        """Called after every optimiser step and the momentum updates."""
 
     def encoder(self) -> nn.Module:
         """The network whose pooled features are evaluated."""
@@ -98,6 +163,51 @@ class Method(nn.Module):
 
 
 REQUIRED_HOOKS = ("training_loss",)
+GROUP_OPTIONS = ("params", "lr_scale", "fixed_lr", "weight_decay", "exclude_from_lars")
+
+
+def checked_param_groups(method: Method) -> list[dict]:
+    """``method.param_groups()``, checked: known options only, every trainable parameter in
+    exactly one group, no frozen one (its momentum or weight decay would still move it)."""
+    name = type(method).__name__
+    groups = [dict(group) for group in method.param_groups()]
+    seen: dict[int, int] = {}
+    for i, group in enumerate(groups):
+        unknown = sorted(set(group) - set(GROUP_OPTIONS))
+        if unknown or "params" not in group:
+            raise ValueError(
+                f"{name}.param_groups()[{i}]: needs `params` and takes only {list(GROUP_OPTIONS)}; "
+                f"got unknown {unknown}"
+            )
+        group["params"] = list(group["params"])
+        for p in group["params"]:
+            if not p.requires_grad:
+                raise ValueError(f"{name}.param_groups()[{i}] holds a parameter that does not require grad")
+            if id(p) in seen:
+                raise ValueError(f"{name}.param_groups(): a parameter is in groups {seen[id(p)]} and {i}")
+            seen[id(p)] = i
+    missing = [n for n, p in method.named_parameters() if p.requires_grad and id(p) not in seen]
+    if missing:
+        raise ValueError(f"{name}.param_groups() leaves out trainable parameters: {', '.join(missing)}")
+    return [group for group in groups if group["params"]]
+
+
+def exclude_bias_and_norm(module: nn.Module, **excluded_options) -> list[dict]:
+    """Two groups of ``module``'s trainable parameters: the weights (ndim > 1) with the ``train``
+    settings, then biases and norm parameters (ndim <= 1) with no weight decay and no LARS
+    adaptation (BYOL's exclude_bias_and_norm; Barlow Twins, VICReg, MoCo v3 and DINO test
+    ndim == 1 or <= 1: the same split). ``excluded_options`` add to the second group (Barlow
+    Twins' bias lr: ``lr_scale=0.024``)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.ndim > 1]},
+        {
+            "params": [p for p in params if p.ndim <= 1],
+            "weight_decay": 0.0,
+            "exclude_from_lars": True,
+            **excluded_options,
+        },
+    ]
 
 
 def embed_views(backbone: nn.Module, projector: nn.Module, views: list[torch.Tensor]) -> torch.Tensor:
@@ -106,6 +216,28 @@ def embed_views(backbone: nn.Module, projector: nn.Module, views: list[torch.Ten
     SimCLR's and SupContrast's code (and one large forward is faster than V small ones)."""
     z = F.normalize(projector(backbone(torch.cat(views))), dim=1)  # [V*B, D], view-major
     return z.view(len(views), -1, z.shape[1]).transpose(0, 1)
+
+
+def embed_crops(
+    backbone: Callable[[torch.Tensor], torch.Tensor],
+    views: list[torch.Tensor],
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """``head(backbone(view))`` for every view, in order: consecutive views of one size go through
+    ``backbone`` as one concatenated batch each, then ``head`` runs once on every view's features
+    together (SwAV's and DINO's multi-crop forward: batch-norm statistics of the backbone span one
+    size's views, those of the head all views)."""
+    features, start = [], 0
+    while start < len(views):
+        end = start + 1
+        while end < len(views) and views[end].shape[-2:] == views[start].shape[-2:]:
+            end += 1
+        features.append(backbone(torch.cat(views[start:end])))
+        start = end
+    out = torch.cat(features)
+    if head is not None:
+        out = head(out)
+    return list(out.split([v.shape[0] for v in views]))
 
 
 def projection_mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int = 2) -> nn.Sequential:

@@ -1,22 +1,33 @@
-"""MoCo's machinery, shared by the momentum-contrast methods (MoCo, PCL).
+"""Momentum (EMA) targets, and MoCo's machinery shared by the momentum-contrast methods (MoCo, PCL).
+
+- ``momentum_at``:         tau at a step: constant (MoCo v1/v2) or cosine to 1 (BYOL, MoCo v3, DINO).
+- ``check_momentum``:      a method's ``momentum`` and ``momentum_schedule`` settings, checked.
+- ``checked_momentum_pairs``: a method's ``momentum_pairs``, checked (shapes; frozen targets).
+- ``ema_update``:          target <- tau target + (1 - tau) online, every parameter (the engine calls
+                           it for each of a method's ``momentum_pairs`` after the optimiser step).
+- ``frozen_copy``, ``freeze``: a target as a gradient-free copy of online modules, or one built apart.
 
 - ``moco_head``:           the query head of MoCo v1 (linear) or v2 (MLP, hidden = feature dim).
 - ``check_version``:       warn when the augmentation / schedule do not match the MoCo version.
 - ``SplitBatchNorm2d``:    BatchNorm that normalises ``num_splits`` sub-batches separately, as the
                            official single-GPU demo (colab/moco_cifar10_demo.ipynb) simulates 8 GPUs.
 - ``use_split_batch_norm``: swap a network's BatchNorm2d layers for SplitBatchNorm2d, in place.
-- ``MomentumEncoder``:     the key encoder: a frozen deep copy of the query encoder, updated as
-                           theta_k <- m theta_k + (1 - m) theta_q, run on a shuffled batch
-                           (shuffle-BN; across ranks when torch.distributed runs, as moco/builder.py).
+- ``MomentumEncoder``:     the key encoder: a frozen deep copy of the query encoder (moved by the
+                           engine's EMA, theta_k <- m theta_k + (1 - m) theta_q), run on a shuffled
+                           batch (shuffle-BN; across ranks when torch.distributed runs, as
+                           moco/builder.py).
 - ``KeyQueue``:            the FIFO queue of K keys (ring buffer), filled after the loss.
 - ``fit_queue_size``:      K as a multiple of the keys pushed per step, shrunk on small datasets.
 
-Reference: facebookresearch/moco (moco/builder.py, main_moco.py, the colab CIFAR demo).
+References: facebookresearch/moco (moco/builder.py, main_moco.py, the colab CIFAR demo);
+deepmind-research byol/utils/schedules.py (target_ema), facebookresearch/dino utils.py
+(cosine_scheduler), facebookresearch/moco-v3 main_moco.py (adjust_moco_momentum).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Sequence
 
@@ -26,7 +37,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import distributed as dist
-from .config import ConfigError
+from .errors import ConfigError
 from .method import projection_mlp
 
 # What each MoCo version changes (facebookresearch/moco README: v2 = --mlp --moco-t 0.2 --aug-plus --cos).
@@ -62,7 +73,8 @@ def check_version(cfg: dict) -> None:
     """
     version = cfg["params"]["version"]
     expected = version_settings(version)
-    preset = (cfg.get("augment") or {}).get("preset", "mocov2")
+    augment = cfg.get("augment") or {}
+    preset = augment.get("preset", "mocov2") if isinstance(augment, dict) else None
     schedule = cfg["train"].get("schedule")
     if preset != expected["augment"] or schedule != expected["schedule"]:
         warnings.warn(
@@ -72,6 +84,91 @@ def check_version(cfg: dict) -> None:
             "to run that version as its paper does",
             stacklevel=2,
         )
+
+
+# --- momentum (EMA) targets ----------------------------------------------------------------
+
+MOMENTUM_SCHEDULES = ("constant", "cosine")
+
+
+def check_momentum(params: dict) -> tuple[float, str]:
+    """(tau_base, schedule) from a method's settings ``momentum`` and ``momentum_schedule``."""
+    base, schedule = params.get("momentum"), params.get("momentum_schedule")
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not 0.0 <= base <= 1.0:
+        raise ConfigError(
+            f"config key `momentum` (the momentum target's tau_base) must lie in [0, 1], got {base!r}; "
+            "a method with momentum pairs sets it and `momentum_schedule` in its config.yaml"
+        )
+    if schedule not in MOMENTUM_SCHEDULES:
+        raise ConfigError(
+            f"config key `momentum_schedule` must be one of {list(MOMENTUM_SCHEDULES)} (constant: MoCo "
+            f"v1/v2; cosine from `momentum` to 1: BYOL, MoCo v3, DINO), got {schedule!r}"
+        )
+    return float(base), schedule
+
+
+def momentum_at(base: float, schedule: str, step: int, total_steps: int) -> float:
+    """tau after the optimiser step of 0-based index ``step`` of ``total_steps``: ``base``
+    (constant), or 1 - (1 - base)(cos(pi step / total) + 1) / 2 (cosine, step clamped to the
+    total), BYOL's target_ema and DINO's cosine_scheduler per step. MoCo v3 moves its target by
+    the same tau one step later, at the next forward: a one-step shift."""
+    if schedule == "constant":
+        return base
+    if schedule == "cosine":
+        progress = min(step, total_steps) / max(1, total_steps)
+        return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
+    raise ConfigError(f"unknown momentum_schedule {schedule!r}; known: {list(MOMENTUM_SCHEDULES)}")
+
+
+def paired_parameters(
+    online: Sequence[nn.Module], target: nn.Module
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(online, target) parameters in order; they must match in number and shapes."""
+    theta_o = [p.detach() for m in online for p in m.parameters()]
+    theta_t = [p.detach() for p in target.parameters()]
+    if len(theta_o) != len(theta_t) or any(a.shape != b.shape for a, b in zip(theta_o, theta_t)):
+        raise ValueError(
+            f"momentum pair: the online modules' {len(theta_o)} parameters do not match the target's "
+            f"{len(theta_t)} in order and shape"
+        )
+    return theta_o, theta_t
+
+
+def checked_momentum_pairs(pairs: list) -> list[tuple[list[nn.Module], nn.Module]]:
+    """A method's ``momentum_pairs()``, checked once when training starts: each online side matches
+    its target in order and shapes, and no target parameter takes gradients (the EMA alone moves it;
+    the optimiser would move it too)."""
+    checked = []
+    for i, (online, target) in enumerate(pairs):
+        online = list(online)
+        paired_parameters(online, target)
+        if any(p.requires_grad for p in target.parameters()):
+            raise ValueError(
+                f"momentum pair {i}: the target has parameters that require grad; build it with "
+                "sslbench.momentum.frozen_copy or freeze it (sslbench.momentum.freeze)"
+            )
+        checked.append((online, target))
+    return checked
+
+
+@torch.no_grad()
+def ema_update(online: Sequence[nn.Module], target: nn.Module, tau: float) -> None:
+    """theta_t <- tau theta_t + (1 - tau) theta_o for every parameter (not the BN statistics)."""
+    theta_o, theta_t = paired_parameters(online, target)
+    torch._foreach_mul_(theta_t, tau)
+    torch._foreach_add_(theta_t, theta_o, alpha=1.0 - tau)
+
+
+def freeze(module: nn.Module) -> nn.Module:
+    """No gradients for ``module``'s parameters: a target moves only by the momentum rule."""
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+def frozen_copy(online: Sequence[nn.Module]) -> nn.Sequential:
+    """A target that starts as a copy of ``online`` (applied in order), without gradients."""
+    return freeze(nn.Sequential(*(copy.deepcopy(m) for m in online)))
 
 
 # --- split batch norm ----------------------------------------------------------------------
@@ -171,26 +268,12 @@ def check_bn_splits(num_splits, batch_size: int) -> int:
 
 
 class MomentumEncoder(nn.Module):
-    """A frozen deep copy of the query encoder (the modules ``online``, applied in order)."""
+    """A frozen deep copy of the query encoder (the modules ``online``, applied in order); the
+    method declares ``(online, key_encoder)`` a momentum pair and the engine moves it."""
 
-    def __init__(self, online: Sequence[nn.Module], momentum: float):
+    def __init__(self, online: Sequence[nn.Module]):
         super().__init__()
-        if not 0.0 <= momentum <= 1.0:
-            raise ConfigError(f"config key `momentum` must lie in [0, 1], got {momentum}")
-        self.momentum = float(momentum)
-        self.net = nn.Sequential(*(copy.deepcopy(m) for m in online))
-        for p in self.net.parameters():
-            p.requires_grad_(False)  # updated only by the momentum rule, never by gradients
-
-    @torch.no_grad()
-    def update(self, online: Sequence[nn.Module]) -> None:
-        """theta_k <- m theta_k + (1 - m) theta_q for every parameter (not the BN statistics)."""
-        theta_q = [p.detach() for m in online for p in m.parameters()]
-        theta_k = list(self.net.parameters())
-        if len(theta_q) != len(theta_k):
-            raise ValueError("MomentumEncoder.update: the online modules do not match the key encoder")
-        torch._foreach_mul_(theta_k, self.momentum)
-        torch._foreach_add_(theta_k, theta_q, alpha=1.0 - self.momentum)
+        self.net = frozen_copy(online)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -275,14 +358,14 @@ def moco_components(
     backbone: nn.Module, num_train: int, cfg: dict
 ) -> tuple[nn.Sequential, MomentumEncoder, KeyQueue]:
     """MoCo's query head, key encoder and queue from a method's config (keys `version`, `dim`,
-    `momentum`, `queue_size`, `bn_splits`). Switches the backbone's BatchNorm2d to split BN first,
-    so the key encoder (a copy) has it too."""
+    `queue_size`, `bn_splits`; the engine reads `momentum` and `momentum_schedule`). Switches the
+    backbone's BatchNorm2d to split BN first, so the key encoder (a copy) has it too."""
     p = cfg["params"]
     check_version(cfg)
     batch_size = int(cfg["train"]["batch_size"])  # the global batch: every step enqueues this many keys
     use_split_batch_norm(backbone, check_bn_splits(p["bn_splits"], batch_size // dist.world_size()))
     head = moco_head(p["version"], int(backbone.num_features), int(p["dim"]))
-    key_encoder = MomentumEncoder([backbone, head], p["momentum"])
+    key_encoder = MomentumEncoder([backbone, head])
     queue = KeyQueue(fit_queue_size(p["queue_size"], batch_size, num_train), int(p["dim"]))
     return head, key_encoder, queue
 

@@ -12,6 +12,17 @@ from sslbench.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS_DIR = REPO / "methods"
+# tests/methods/exerciser uses every piece of the method contract at once; the contract tests (test_contract,
+# test_distributed) run it beside every folder of methods/ (discovered).
+EXERCISER_DIR = REPO / "tests" / "methods" / "exerciser"
+
+
+def contract_folders() -> dict[str, Path]:
+    """{name: folder} of every method folder under methods/ and the exerciser."""
+    from sslbench.config import discover_methods
+
+    return {name: METHODS_DIR / name for name in discover_methods(METHODS_DIR)} | {"exerciser": EXERCISER_DIR}
+
 
 torch.set_num_threads(1)  # tests share 2 cores; keep each process on one
 
@@ -81,7 +92,7 @@ def fixed_batch_losses(trainer, steps: int, labelled: bool, size: int = 64) -> l
     """Losses of ``steps`` optimiser steps on one fixed batch with fixed views: training must lower them."""
     idx = torch.arange(size)
     g = torch.Generator().manual_seed(0)
-    views = [trainer.augment(trainer.data.train.images[idx], g) for _ in range(trainer.method.num_views)]
+    views = trainer.make_views(trainer.data.train.images[idx], g)
     labels = trainer.labels[idx] if labelled else None
     losses = []
     for _ in range(steps):

@@ -506,3 +506,140 @@ def test_dataset_stats_from_images_and_imagenet_defaults():
         dataset_stats(3, random_images(4, 1, 8))
     with pytest.raises(ValueError, match="constant"):
         dataset_stats(1, constant_images([7, 7], 1, 4))
+
+
+# ----------------------------------------------------------------------------- solarisation, several views
+
+
+def test_solarise_inverts_the_values_at_or_above_the_threshold():
+    x = torch.tensor([0.0, 0.25, 0.4999, 0.5, 0.75, 1.0]).view(1, 1, 1, 6)
+    expected = torch.tensor([0.0, 0.25, 0.4999, 0.5, 0.25, 0.0]).view(1, 1, 1, 6)
+    torch.testing.assert_close(augment.solarise(x, 0.5), expected)
+    # PIL's ImageOps.solarize inverts 128 of 255 and above (0.5 itself is its own inverse, so it cannot
+    # tell "at or above" from "above").
+    pil = torch.tensor([127, 128, 200]) / 255
+    torch.testing.assert_close(augment.solarise(pil, 128 / 255), torch.tensor([127, 127, 55]) / 255)
+
+
+def test_a_solarised_view_is_the_same_view_solarised_and_its_coin_is_drawn_last():
+    images = random_images(64, 3, 24)
+    base = view_config("byol_view2", solarise_p=0.0)
+    always = ViewAugment(24, 3, *unit_stats(3), dataclasses.replace(base, solarise_p=1.0))(images, seeded(4))
+    never = ViewAugment(24, 3, *unit_stats(3), base)(images, seeded(4))  # the same crops, jitter, blur
+    torch.testing.assert_close(always, augment.solarise(never, 0.5))
+    # Without solarisation nothing more is drawn; with it, one coin per sample after everything else.
+    g_without, g_with = seeded(5), seeded(5)
+    augment._draw_params(64, 24, 24, base, g_without)
+    augment._draw_params(64, 24, 24, dataclasses.replace(base, solarise_p=0.2), g_with)
+    torch.rand(64, generator=g_without)
+    assert torch.equal(g_without.get_state(), g_with.get_state())
+
+
+def test_several_views_in_one_call_are_the_views_of_as_many_calls():
+    images = random_images(16, 3, 24)
+    aug = ViewAugment(24, 3, *dataset_stats(3), view_config("byol_view2"))  # blur and solarisation on
+    one_by_one = [aug(images, g) for g in [seeded(6)] * 3]
+    at_once = aug.views(images, seeded(6), 3)
+    assert len(at_once) == 3 and all(torch.equal(a, b) for a, b in zip(at_once, one_by_one))
+
+
+def test_byol_views_view_one_always_blurred_view_two_solarised_at_its_rate():
+    # Replayed without the blur or the solarisation, the same seed gives the same crops and colours:
+    # the samples that differ are exactly those the step touched. The blur's sigma is pinned at its
+    # largest (2 px at 224, 0.21 px at 24 px, a 3-tap kernel): the smallest would change no pixel here.
+    n, size = 2000, 24
+    images = random_images(n, 3, size, seed=1)
+    one, two = (
+        dataclasses.replace(VIEW_PRESETS[p], blur_sigma=(2.0, 2.0)) for p in ("byol_view1", "byol_view2")
+    )
+
+    def views(first: ViewConfig, second: ViewConfig):
+        groups = [augment.CropGroup(1, size, first), augment.CropGroup(1, size, second)]
+        return augment.MultiViewAugment(groups, 3, *unit_stats(3))(images, seeded(7))
+
+    v1, v2 = views(one, two)
+    v1_unblurred, v2_unblurred = views(
+        dataclasses.replace(one, blur_p=0.0), dataclasses.replace(two, blur_p=0.0)
+    )
+    _, v2_plain = views(one, dataclasses.replace(two, solarise_p=0.0))
+    assert (v1 != v1_unblurred).flatten(1).any(1).all()  # view 1: blur p 1.0
+    assert abs((v2 != v2_unblurred).flatten(1).any(1).float().mean().item() - 0.1) < 0.03  # view 2: 0.1
+    assert torch.equal(v1, views(one, dataclasses.replace(two, solarise_p=0.0))[0])  # view 1: never solarised
+    solarised = (v2 != v2_plain).flatten(1).any(1)
+    assert abs(solarised.float().mean().item() - 0.2) < 0.03  # view 2: solarise p 0.2
+    torch.testing.assert_close(v2[solarised], augment.solarise(v2_plain[solarised], 0.5))
+
+
+def test_augment_forms_and_their_views():
+    byol = augment.view_groups([{"preset": "byol_view1"}, {"preset": "byol_view2"}], 16, 2)
+    assert [(g.count, g.size, g.config) for g in byol] == [
+        (1, 16, VIEW_PRESETS["byol_view1"]),
+        (1, 16, VIEW_PRESETS["byol_view2"]),
+    ]
+    same = augment.view_groups([{"preset": "simclr"}, {"preset": "simclr"}], 16, 2)  # merged: one call
+    assert [(g.count, g.config) for g in same] == [(2, VIEW_PRESETS["simclr"])]
+    assert [(g.count, g.size) for g in augment.view_groups({"preset": "supcon"}, 16, 3)] == [(3, 16)]
+    swav = {
+        "preset": "simclr",
+        "blur_p": 0.0,
+        "crops": [
+            {"count": 2, "size": 1.0, "crop_scale": [0.14, 1]},
+            {"count": 6, "size": 96 / 224, "crop_scale": [0.05, 0.14], "preset": "mocov2"},
+        ],
+    }
+    groups = augment.view_groups(swav, 16, 2)
+    assert [(g.count, g.size) for g in groups] == [(2, 16), (6, 7)]  # 96 / 224 x 16 = 6.86 px -> 7
+    assert groups[0].config == view_config("simclr", blur_p=0.0, crop_scale=(0.14, 1))
+    assert groups[1].config == view_config("mocov2", blur_p=0.0, crop_scale=(0.05, 0.14))  # a group's preset
+    assert [augment.crop_side(s, 32) for s in (1.0, 96 / 224, 0.5, 0.25)] == [32, 14, 16, 8]
+    assert [(g.count, g.size) for g in augment.view_groups(swav, 224, 2)] == [(2, 224), (6, 96)]
+    assert augment.crop_side(0.5, 9) == 5  # 4.5 px: halves round up
+    assert augment.describe_views(groups) == "2 x 16px + 6 x 7px"
+    images = random_images(4, 1, 16)
+    views = augment.MultiViewAugment(groups, 1, *unit_stats(1))(images, seeded(0))
+    assert [tuple(v.shape) for v in views] == [(4, 1, 16, 16)] * 2 + [(4, 1, 7, 7)] * 6
+    # Each group's views are the views its own pipeline draws, in turn from the one generator.
+    g = seeded(0)
+    alone = [
+        v
+        for group in groups
+        for v in ViewAugment(group.size, 1, *unit_stats(1), group.config).views(images, g, group.count)
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(views, alone))
+
+
+@pytest.mark.parametrize(
+    "setting, needle",
+    [
+        ({"crops": []}, "`augment.crops` must be a non-empty list"),
+        ({"crops": [{"count": 0}]}, "`augment.crops[0].count` must be a positive integer"),
+        ({"crops": [{"count": 2, "size": 1.5}]}, "`augment.crops[0].size` is the crop's side as a fraction"),
+        (
+            {"crops": [{"count": 2}, {"count": 1, "blur": 0.5}]},
+            "`augment.crops[1]`: unknown ViewConfig key(s) ['blur']",
+        ),
+        ([{"preset": "byol"}], "`augment[0]`: unknown view preset 'byol'"),
+        ([], "an empty list"),
+        ("simclr", "must be one view setting (a mapping)"),
+    ],
+)
+def test_bad_augment_forms_name_the_key(setting, needle):
+    from sslbench.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        augment.view_groups(setting, 16, 2)
+    assert needle in str(err.value)
+
+
+def test_the_views_must_fit_the_method():
+    from sslbench.errors import ConfigError
+
+    two_global_six_local = augment.view_groups({"crops": [{"count": 2}, {"count": 6, "size": 0.5}]}, 16, 2)
+    augment.check_view_groups(two_global_six_local, 2, multi_crop=True, image_size=16)
+    with pytest.raises(ConfigError, match=r"gives 8 view\(s\) but the method takes 2"):
+        augment.check_view_groups(two_global_six_local, 2, multi_crop=False, image_size=16)
+    local_first = augment.view_groups({"crops": [{"count": 1, "size": 0.5}, {"count": 2}]}, 16, 2)
+    with pytest.raises(ConfigError, match=r"their sides are \[8, 16\]"):
+        augment.check_view_groups(local_first, 2, multi_crop=True, image_size=16)
+    with pytest.raises(ConfigError, match=r"gives 1 view\(s\)"):
+        augment.check_view_groups(augment.view_groups([{}], 16, 2), 2, multi_crop=True, image_size=16)

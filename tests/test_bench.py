@@ -87,7 +87,10 @@ def test_step_and_views_rows_for_each_method(tmp_path):
         step.loc["pcl on_epoch_start", "value"] > 0 and "2 calls" in step.loc["pcl on_epoch_start", "notes"]
     )
     views = rows_of(frame, "views")
-    assert set(views.index) == {"pcl", "supervised"}  # the untrained floor draws no views
+    assert set(views.index) == {"pcl", "supervised", "multi-crop"}  # the untrained floor draws no views
+    # SwAV's 2 x 224 + 6 x 96 px on the tiny 8-px images: 96 / 224 of 8 px is 3.4 px, rounded to 3.
+    assert "views 2 x 8px + 6 x 3px x batch 64" in views.loc["multi-crop", "notes"]
+    assert "views 2 x 8px x batch 64" in views.loc["pcl", "notes"]
     assert (views["unit"] == "images/s").all()
     assert_ratios_positive_and_finite(frame)
     assert (frame["torch_threads"] == 1).all() and frame["git_commit"].str.len().gt(0).all()

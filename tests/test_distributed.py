@@ -1,9 +1,10 @@
 """The DDP contract: every method, run by 2 processes (real torch.distributed, gloo on the CPU, launched
 by torchrun), computes what one process computes on the whole batch.
 
-Every folder under methods/ is checked (discovery, not a list), through the engine's own path: the
-method's ``on_epoch_start`` hook with a real ``EpochContext`` (``Trainer.epoch_context``), then one
-``Trainer.train_step`` (DDP-wrapped under torchrun) on a fixed global batch, each rank taking its shard.
+Every folder under methods/ is checked (discovery, not a list), and tests/methods/exerciser (parameter
+groups under LARS, a cosine momentum pair, multi-crop views, a gradient hook), through the engine's own
+path: the method's ``on_epoch_start`` hook with a real ``EpochContext`` (``Trainer.epoch_context``), then
+one ``Trainer.train_step`` (DDP-wrapped under torchrun) on a fixed global batch, each rank taking its shard.
 One torchrun start runs every method (start-up is slow); this module is also that run's script.
 Compared with one process on the same global batch and views:
 
@@ -37,18 +38,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import METHODS_DIR, REPO, tiny_suite_config
+from conftest import METHODS_DIR, REPO, contract_folders, tiny_suite_config
 
 from sslbench import distributed as dist
-from sslbench.config import discover_methods, resolve_method_config
+from sslbench.config import resolve_method_config
 from sslbench.engine import Trainer
 
 pytestmark = pytest.mark.slow
 
-METHODS = discover_methods(METHODS_DIR)
+FOLDERS = contract_folders()  # every method folder and the test method that uses the whole contract
+METHODS = list(FOLDERS)
 GLOBAL_BATCH = 32  # 16 per rank: several images per class on each rank (SupCon's positives)
 HOOK_EPOCH = 4
-LR = 0.05
 
 
 def torchrun(*args: str, timeout=300) -> subprocess.CompletedProcess:
@@ -58,7 +59,8 @@ def torchrun(*args: str, timeout=300) -> subprocess.CompletedProcess:
 
 
 def contract_config(method: str) -> dict:
-    return resolve_method_config(tiny_suite_config(epochs=30, batch_size=GLOBAL_BATCH), METHODS_DIR, method)
+    suite = tiny_suite_config(epochs=30, batch_size=GLOBAL_BATCH)
+    return resolve_method_config(suite, FOLDERS[method].parent, method)
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -67,7 +69,7 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def contract_record(method: str, out_dir: Path) -> dict:
     """What this process computes for `method`: (a) to (d) of the module docstring, on its shard."""
-    trainer = Trainer(METHODS_DIR / method, contract_config(method), 0, out_dir, device="cpu", progress=False)
+    trainer = Trainer(FOLDERS[method], contract_config(method), 0, out_dir, device="cpu", progress=False)
     trainer.state.epoch, trainer.state.step = HOOK_EPOCH, HOOK_EPOCH * trainer.steps_per_epoch
     ctx = trainer.epoch_context()
     trainer.method.on_epoch_start(ctx)
@@ -78,7 +80,7 @@ def contract_record(method: str, out_dir: Path) -> dict:
         views = trainer.make_views(trainer.data.train.images[idx], g)  # the global batch, on every rank
         mine = dist.shard(GLOBAL_BATCH)
         trainer.method.eval()
-        record["loss"] = trainer.train_step([v[mine] for v in views], idx[mine], LR, ctx)
+        record["loss"] = trainer.train_step([v[mine] for v in views], idx[mine], ctx)
         record["grads"] = {
             name: p.grad.clone() for name, p in trainer.method.named_parameters() if p.grad is not None
         }

@@ -1,17 +1,22 @@
-"""The shared training-loop pieces: batches, per-group learning rates, the divergence check."""
+"""The shared training-loop pieces: batches, per-group learning rates, the divergence check, the
+optimiser factory's parameter groups and LARS."""
 
 import math
 
 import pytest
 import torch
+from timm.optim import Lars
 
+from sslbench.errors import ConfigError
 from sslbench.loop import (
     TrainingDiverged,
     batch_count,
     check_finite,
+    make_optimizer,
     set_learning_rate,
     shuffled_batches,
 )
+from sslbench.method import exclude_bias_and_norm
 
 
 @pytest.mark.parametrize(
@@ -60,3 +65,73 @@ def test_check_finite_returns_the_loss_or_raises_with_the_callers_message():
         with pytest.raises(TrainingDiverged, match=rf"loss {bad} in epoch 3") as err:
             check_finite(torch.tensor(bad), lambda value, epoch: f"loss {value} in epoch {epoch + 1}", 2)
         assert isinstance(err.value, ValueError)  # the CLI prints it without a traceback
+
+
+# --- parameter groups and LARS ------------------------------------------------------------------
+
+
+def sgd_settings(**kw):
+    lars = {"lars_trust_coefficient": 0.001, "lars_trust_clip": False}  # config/default.yaml's
+    return {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, **lars, **kw}
+
+
+def test_group_options_set_each_groups_base_lr_and_a_fixed_group_ignores_the_schedule():
+    a, b, c = (torch.nn.Parameter(torch.ones(2)) for _ in range(3))
+    groups = [
+        {"params": [a]},
+        {"params": [b], "lr_scale": 0.5},
+        {"params": [c], "lr_scale": 2.0, "fixed_lr": True},
+    ]
+    optimizer = make_optimizer(groups, sgd_settings())
+    assert [g["base_lr"] for g in optimizer.param_groups] == pytest.approx([0.1, 0.05, 0.2])
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.01, 0.01]  # train's: none sets it
+    schedule = {"lr": 0.1, "schedule": "cosine", "epochs": 2}
+    for step, share in [(0, 1.0), (5, 0.5), (10, 0.0)]:  # start, halfway and end of 2 epochs of 5 steps
+        set_learning_rate(optimizer, schedule, step, 5)
+        assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.1 * share, 0.05 * share, 0.2])
+
+
+def lars_step(train: dict, grads: dict) -> dict[str, torch.Tensor]:
+    """One step of make_optimizer's LARS on a Linear(3, 2) with the given gradients; new parameters."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    optimizer = make_optimizer(exclude_bias_and_norm(layer), {**sgd_settings(), **train})
+    assert isinstance(optimizer, Lars)  # timm's, not one of ours
+    for name, p in layer.named_parameters():
+        p.grad = grads[name].clone()
+    optimizer.step()
+    return {name: p.detach().clone() for name, p in layer.named_parameters()}
+
+
+def test_lars_adapts_and_decays_the_weights_and_leaves_the_bias_alone_by_hand():
+    torch.manual_seed(0)
+    start = dict(torch.nn.Linear(3, 2).named_parameters())
+    w, b = start["weight"].detach(), start["bias"].detach()
+    g = {"weight": torch.tensor([[0.3, -0.2, 0.1], [0.05, 0.4, -0.6]]), "bias": torch.tensor([0.5, -0.25])}
+    lr, wd, eta = 0.5, 0.1, 0.001
+    new = lars_step({"optimizer": "lars", "lr": lr, "weight_decay": wd, "lars_trust_coefficient": eta}, g)
+    # apex LARC's trust ratio (timm): eta ||w|| / (||g|| + wd ||w||), on the decayed gradient; the first
+    # momentum step is the update itself.
+    ratio = eta * w.norm() / (g["weight"].norm() + wd * w.norm() + 1e-8)
+    torch.testing.assert_close(new["weight"], w - lr * ratio * (g["weight"] + wd * w))
+    torch.testing.assert_close(new["bias"], b - lr * g["bias"])  # excluded: plain SGD, no decay
+    # A main group without weight decay is still adapted (always_adapt), as every official LARS does.
+    plain = lars_step({"optimizer": "lars", "lr": lr, "weight_decay": 0.0, "lars_trust_coefficient": eta}, g)
+    ratio = eta * w.norm() / (g["weight"].norm() + 1e-8)
+    torch.testing.assert_close(plain["weight"], w - lr * ratio * g["weight"])
+    # LARC's clipping: the adapted lr never exceeds the group's (eta = 10 makes the ratio >> 1).
+    clipped = lars_step(
+        {"optimizer": "lars", "lr": lr, "lars_trust_coefficient": 10.0, "lars_trust_clip": True}, g
+    )
+    torch.testing.assert_close(clipped["weight"], w - lr * (g["weight"] + 0.01 * w))
+
+
+def test_lars_refuses_a_decayed_excluded_group_and_a_fused_update():
+    p = torch.nn.Parameter(torch.ones(2))
+    lars = sgd_settings(optimizer="lars")
+    with pytest.raises(ValueError, match="give the excluded group weight_decay 0.0"):
+        make_optimizer([{"params": [p], "exclude_from_lars": True}], lars)
+    with pytest.raises(ConfigError, match="timm's LARS has no fused update"):
+        make_optimizer([p], {**lars, "fused_optimizer": True})
+    with pytest.raises(ConfigError, match="known: sgd, adamw, lars"):
+        make_optimizer([p], {**lars, "optimizer": "lamb"})

@@ -16,7 +16,6 @@ from sslbench.config import resolve_method_config
 from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method
 from sslbench.losses import info_nce
-from sslbench.method import EpochContext
 from sslbench.momentum import (
     KeyQueue,
     MomentumEncoder,
@@ -41,20 +40,6 @@ def views(seed, n=BATCH):
     return [torch.randn(n, 1, 8, 8, generator=g) for _ in range(2)]
 
 
-def context():
-    def no_data(fn):
-        raise AssertionError("this test does not look at the training set")
-
-    return EpochContext(
-        epoch=0,
-        num_epochs=1,
-        step=1,
-        steps_per_epoch=1,
-        device=torch.device("cpu"),
-        forward_train_set=no_data,
-    )
-
-
 def capture_outputs(module):
     """The outputs of module's forward calls, in order (a real forward hook)."""
     outputs = []
@@ -70,59 +55,51 @@ def key_parameters(method):
     return [p.detach().clone() for p in method.key_encoder.parameters()]
 
 
-def sgd_step(method, batch_seed):
-    optimizer = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.5)
-    method.train()
-    loss = method.training_loss(views(batch_seed), None, torch.arange(BATCH))
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    method.on_step_end(context())
+def trainer_step(tmp_path, method_config, batch_seed=1, steps=1, **overrides):
+    """The engine's own steps (Trainer.train_step: optimiser step, then the momentum update)."""
+    cfg = method_config("moco", **{"queue_size": 2 * BATCH, **overrides})
+    trainer = Trainer(METHODS_DIR / "moco", cfg, 0, tmp_path, progress=False)
+    start = query_parameters(trainer.method), key_parameters(trainer.method)
+    for step in range(steps):
+        trainer.train_step(views(batch_seed + step), torch.arange(BATCH), trainer.epoch_context())
+    return trainer.method, start
 
 
 # --- the key encoder ---------------------------------------------------------------------
 
 
-def test_momentum_zero_copies_the_query_encoder_after_one_step(method_config):
-    method = build(method_config, momentum=0.0)
-    before = query_parameters(method)
-    sgd_step(method, 1)
+def test_momentum_zero_copies_the_query_encoder_after_one_step(tmp_path, method_config):
+    method, (before, _) = trainer_step(tmp_path, method_config, momentum=0.0)
     after = query_parameters(method)
     assert any(not torch.equal(a, b) for a, b in zip(before, after))  # the query encoder did move
     for q, k in zip(after, key_parameters(method)):
         assert torch.equal(q, k)
 
 
-def test_momentum_one_freezes_the_key_encoder(method_config):
-    method = build(method_config, momentum=1.0)
-    initial = key_parameters(method)
-    for q, k in zip(query_parameters(method), initial):
+def test_momentum_one_freezes_the_key_encoder(tmp_path, method_config):
+    method, (query, initial) = trainer_step(tmp_path, method_config, steps=2, momentum=1.0)
+    for q, k in zip(query, initial):
         assert torch.equal(q, k)  # starts as a copy of the query encoder
-    sgd_step(method, 1)
-    sgd_step(method, 2)
     assert all(not p.requires_grad for p in method.key_encoder.parameters())
     for k0, k in zip(initial, key_parameters(method)):
         assert torch.equal(k0, k)
 
 
-def test_momentum_update_is_the_convex_combination():
-    online = nn.Linear(3, 2)
-    encoder = MomentumEncoder([online], momentum=0.75)
-    theta_k = [p.clone() for p in encoder.parameters()]
-    with torch.no_grad():
-        for p in online.parameters():
-            p.add_(1.0)
-    encoder.update([online])
-    for k_old, k_new, q in zip(theta_k, encoder.parameters(), online.parameters()):
-        torch.testing.assert_close(k_new, 0.75 * k_old + 0.25 * q)
+def test_the_key_encoder_is_moco_s_momentum_pair_at_a_constant_momentum(tmp_path, method_config):
+    method, (query, keys) = trainer_step(tmp_path, method_config, momentum=0.75)
+    assert method.cfg["params"]["momentum_schedule"] == "constant"
+    [(online, target)] = method.momentum_pairs()
+    assert list(online) == [method.backbone, method.projector] and target is method.key_encoder
+    for k_old, k_new, q in zip(keys, key_parameters(method), query_parameters(method)):
+        torch.testing.assert_close(k_new, 0.75 * k_old + 0.25 * q, rtol=0, atol=1e-6)
 
 
 def test_shuffled_key_forward_returns_keys_in_batch_order():
     # With one BN group, shuffling changes nothing but the order, which must be undone.
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 5))
-    encoder = MomentumEncoder([net], momentum=0.9).train()
+    encoder = MomentumEncoder([net]).train()
     x = torch.randn(16, 1, 8, 8)
-    reference = MomentumEncoder([net], momentum=0.9).train().embed(x)
+    reference = MomentumEncoder([net]).train().embed(x)
     torch.testing.assert_close(encoder(x), reference)
 
 
@@ -132,7 +109,7 @@ def test_single_process_keys_come_from_a_shuffled_batch_through_split_batch_norm
     net = use_split_batch_norm(
         nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 5)), 2
     )
-    encoder = MomentumEncoder([net], momentum=0.9).train()
+    encoder = MomentumEncoder([net]).train()
     x = torch.randn(16, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(3)
     keys = encoder(x)
@@ -377,7 +354,7 @@ def _shuffle_bn_worker(rank, world, port, out_dir):
     )
     torch.manual_seed(0)  # the same network on every rank
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 5))
-    encoder = MomentumEncoder([net], momentum=0.9)
+    encoder = MomentumEncoder([net])
     torch.manual_seed(100 + rank)  # each rank's own images and RNG stream
     x = torch.randn(8, 1, 8, 8)
     # Eval first: the train-mode pass moves each rank's running statistics differently.

@@ -33,7 +33,7 @@ def e_step(t: Trainer) -> dict:
 def batch(t: Trainer, seed=0):
     g = torch.Generator().manual_seed(seed)
     indices = torch.randperm(len(t.labels), generator=g)[:BATCH]
-    return [t.augment(t.data.train.images[indices], g) for _ in range(2)], indices
+    return t.make_views(t.data.train.images[indices], g), indices
 
 
 def capture_outputs(module):

@@ -13,7 +13,8 @@ from sslbench.method import Method, projection_mlp
 
 
 class MyMethod(Method):
-    num_views = 2  # how many augmented views of each image training_loss receives
+    num_views = 2  # how many global views (at the dataset's size) of each image training_loss receives
+    multi_crop = False  # True: `augment: {crops: [...]}` may add smaller (local) crops after them
     needs_labels = False  # True: training_loss receives the true labels
 
     def __init__(self, backbone, info, cfg):
@@ -28,11 +29,18 @@ class MyMethod(Method):
         # self.register_buffer("queue", torch.zeros(...))
 
     def training_loss(self, views, labels, indices):
-        # views: list of num_views tensors [B, C, H, W]; indices: positions in the train split.
+        # views: list of num_views tensors [B, C, H, W] (then any local crops [B, C, h, w], where
+        # multi_crop; sslbench.method.embed_crops embeds them one batch per size); indices: positions
+        # in the train split.
         z = torch.stack([F.normalize(self.projector(self.backbone(v)), dim=1) for v in views], dim=1)
         return supcon(z, labels=None, temperature=self.temperature, base_temperature=self.temperature)
 
-    # Optional hooks:
+    # Optional (sslbench/method.py's docstring has the whole contract):
+    # def param_groups(self):          # [{params, lr_scale?, fixed_lr?, weight_decay?, exclude_from_lars?}];
+    #                                  # sslbench.method.exclude_bias_and_norm splits biases and norms off
+    # def momentum_pairs(self):        # [(online modules, target)]: the engine's EMA after every step, with
+    #                                  # `momentum` and `momentum_schedule` from config.yaml
     # def on_epoch_start(self, ctx):   # ctx.forward_train_set(fn): fn on every train image (eval transform)
-    # def on_step_end(self, ctx):      # e.g. a momentum update; ctx.progress is in [0, 1]
+    # def on_before_step(self, ctx):   # the gradients before the optimiser step: clip, or set to None
+    # def on_step_end(self, ctx):      # state updates after the step; ctx.progress is in [0, 1]
     # def encoder(self):               # the network evaluated (default: self.backbone)

@@ -8,7 +8,7 @@
         loss = InfoNCE(q, k, queue, T)
         enqueue(queue, k)             # after the loss: a batch's keys are never its own negatives
         SGD step on f_q
-        f_k = m f_k + (1 - m) f_q     # on_step_end
+        f_k = m f_k + (1 - m) f_q     # the engine's momentum update of momentum_pairs()
 
 The machinery (split BN, key encoder, queue) lives in sslbench/momentum.py, shared with PCL.
 The evaluated encoder is the query backbone.
@@ -39,5 +39,5 @@ class MoCo(Method):
     def on_epoch_start(self, ctx):
         ctx.log["queue_size"] = len(self.queue)  # the effective K (shrunk on small datasets)
 
-    def on_step_end(self, ctx):
-        self.key_encoder.update([self.backbone, self.projector])
+    def momentum_pairs(self):  # f_k = m f_k + (1 - m) f_q after every step (the engine's EMA)
+        return [([self.backbone, self.projector], self.key_encoder)]

@@ -141,8 +141,8 @@ class PCL(Method):
             **common,
         )
 
-    def on_step_end(self, ctx):
-        self.key_encoder.update([self.backbone, self.projector])
+    def momentum_pairs(self):  # f_k = m f_k + (1 - m) f_q after every step (the engine's EMA)
+        return [([self.backbone, self.projector], self.key_encoder)]
 
 
 def check_num_clusters(num_clusters, num_train: int) -> list[int]:

@@ -1,16 +1,29 @@
 """The step and views sections: each method's training step (the engine's own: Trainer.make_views,
 train_step, start_epoch) against a bare forward/backward/step loop on the same backbone, batch and
-views, and the view pipeline against the model."""
+views, and the view pipeline against the model, for each method's views and for multi-crop
+(SwAV's 2 global + 6 local crops, scaled to the image: ``MULTI_CROP``)."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
+from ..augment import describe_views
 from ..config import resolve_method_config
 from .core import METHODS_DIR, Bench, interleaved, median, row, sync, timed
 
 STEP_TARGET = ("<=", 1.10)  # method step / bare step
 VIEWS_TARGET = (">=", 3.0)  # view images/s / model images/s
+# SwAV's multi-crop (main_swav.py: 2 x 224 px at scale (0.14, 1) + 6 x 96 px at (0.05, 0.14)), its
+# colour recipe = the simclr preset; sizes relative to the image (96 / 224 = 0.43).
+MULTI_CROP = {
+    "preset": "simclr",
+    "crops": [
+        {"count": 2, "size": 1.0, "crop_scale": [0.14, 1.0]},
+        {"count": 6, "size": 0.43, "crop_scale": [0.05, 0.14]},
+    ],
+}
 
 
 class BareLoop:
@@ -29,8 +42,10 @@ class BareLoop:
         self.trainer = trainer
 
     def forward_backward(self, views: list[torch.Tensor]) -> torch.Tensor:
-        with self.trainer.autocast():  # every view in one forward: the fastest way through the backbone
-            loss = self.backbone(torch.cat(views)).float().mean()
+        from ..method import embed_crops
+
+        with self.trainer.autocast():  # the views of one size in one forward: the fastest way through
+            loss = torch.cat(embed_crops(self.backbone, views)).float().mean()
         loss.backward()
         return loss
 
@@ -80,11 +95,7 @@ def make_views(
 
 def method_step(trainer, ctx, views: list[torch.Tensor], idx: torch.Tensor) -> None:
     """The engine's own step (Trainer.train_step), views excluded."""
-    from ..loop import learning_rate
-
-    trainer.train_step(
-        views, idx, learning_rate(trainer.train_cfg, trainer.state.step, trainer.steps_per_epoch), ctx
-    )
+    trainer.train_step(views, idx, ctx)
     sync(trainer.device)
 
 
@@ -139,9 +150,9 @@ def step_rows(name: str, trainer, pairs, hooks: list[float]) -> list[dict]:
     method_model = [m[1] for m, _ in pairs]
     bare_model = [b[1] for _, b in pairs]
     with_views = [(m[0] + m[1]) / (b[0] + b[1]) for m, b in pairs]
-    images = trainer.batch_size * trainer.method.num_views
+    images = trainer.batch_size * trainer.augment.num_views
     shape = (
-        f"batch {trainer.batch_size} x {trainer.method.num_views} view(s), "
+        f"batch {trainer.batch_size} x views {describe_views(trainer.view_groups)}, "
         f"{trainer.cfg['backbone']['name']} at {trainer.data.image_size}px, "
         f"{trainer.train_cfg['optimizer']}; "
         f"images/s: method {images / median(method_model):.0f}, bare {images / median(bare_model):.0f}"
@@ -195,13 +206,30 @@ def step_rows(name: str, trainer, pairs, hooks: list[float]) -> list[dict]:
 
 
 def bench_views(bench: Bench) -> list[dict]:
-    return [r for name in bench.methods for r in method_views_rows(name, bench)]
+    rows = [r for name in bench.methods for r in method_views_rows(name, bench)]
+    return rows + (multi_crop_views_rows(rows[0]["name"], bench) if rows else [])
+
+
+def multi_crop_views_rows(name: str, bench: Bench) -> list[dict]:
+    """MULTI_CROP's views against the model, on the data, backbone and device of method ``name``
+    (its trainer, with the views swapped: the engine's own view pipeline and view-making)."""
+    from ..augment import MultiViewAugment, view_groups
+
+    trainer = build_trainer(name, bench)
+    trainer.view_groups = view_groups(MULTI_CROP, trainer.data.image_size, 2)
+    trainer.augment = MultiViewAugment(trainer.view_groups, trainer.data.channels, trainer.mean, trainer.std)
+    trainer.augment.to(trainer.device)
+    return views_rows("multi-crop", trainer, bench, f"SwAV's crops, simclr colours, on {name}'s backbone")
 
 
 def method_views_rows(name: str, bench: Bench) -> list[dict]:
     trainer = build_trainer(name, bench)
     if trainer.optimizer is None:
         return []  # never trained: no views
+    return views_rows(name, trainer, bench, f"augment {json.dumps(trainer.cfg['augment'], sort_keys=True)}")
+
+
+def views_rows(name: str, trainer, bench: Bench, setting: str) -> list[dict]:
     bare = BareLoop(trainer)
     latest: dict = {}
 
@@ -215,7 +243,7 @@ def method_views_rows(name: str, bench: Bench) -> list[dict]:
         return timed(lambda: (bare.forward_backward(latest["views"]), sync(trainer.device)))[0]
 
     pairs = interleaved(run_views, run_model, bench.repeats.warmup, bench.repeats.steps)
-    images = trainer.batch_size * trainer.method.num_views
+    images = trainer.batch_size * trainer.augment.num_views
     views_rate = images / median(v for v, _ in pairs)
     model_rate = images / median(m for _, m in pairs)
     return [
@@ -229,9 +257,8 @@ def method_views_rows(name: str, bench: Bench) -> list[dict]:
             ratio_is="view images/s / model images/s",
             target=VIEWS_TARGET,
             notes=(
-                f"{trainer.method.num_views} view(s) x batch {trainer.batch_size}, augment "
-                f"{trainer.cfg['augment'].get('preset', 'mocov2')}, image {trainer.data.image_size}px; "
-                "model = backbone forward+backward"
+                f"views {describe_views(trainer.view_groups)} x batch {trainer.batch_size}, {setting}, "
+                f"image {trainer.data.image_size}px; model = backbone forward+backward (a forward per size)"
             ),
         )
     ]
