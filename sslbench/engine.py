@@ -60,7 +60,7 @@ class _TrainingLoss(torch.nn.Module):
 def build_backbone(cfg: dict, data: Dataset, seed: int) -> torch.nn.Module:
     """The run's backbone with its initial weights, seeded by ``seed``."""
     torch.manual_seed(seed)
-    return backbone_from_config(cfg, data.channels)
+    return backbone_from_config(cfg, data.channels, data.image_size)
 
 
 def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) -> Method:
