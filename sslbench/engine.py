@@ -27,7 +27,7 @@ from .errors import SslbenchError
 from .loop import autocast, check_finite, learning_rate, make_optimizer, shuffled_batches
 from .method import DataInfo, EpochContext, Method
 from .plugins import load_method_class
-from .provenance import provenance
+from .provenance import code_record, provenance
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
@@ -412,6 +412,7 @@ class Trainer:
             "peak_gpu_memory_bytes": peak,
             "fast_paths": self.fast_paths(),
             **provenance(self.device),
+            "code": code_record("pretrain", self.method_dir),  # the files this job ran, with their sha256
         }
         path = self.out_dir / "checkpoint.pt"
         if not dist.is_main():
