@@ -597,12 +597,19 @@ _COMMON_ARGUMENTS = {"root", "download", "image_size"}
 
 
 def load_dataset(
-    name: str, root: str | None = None, download: bool = False, image_size: int | None = None, **options
+    name: str,
+    root: str | None = None,
+    download: bool = False,
+    image_size: int | None = None,
+    subset: dict[str, int] | None = None,
+    **options,
 ) -> Dataset:
     """Load a registered dataset with its fixed train/test split.
 
     In-memory sets are resized once here when `image_size` differs from their native size;
-    lazy sets decode at `image_size`. `options` go to the loader (imagefolder: classes_file, ...).
+    lazy sets decode at `image_size`. ``subset`` keeps a fixed stratified part of each split it names
+    (``{train: n, test: m}``, ``stratified_subset``), drawn before the resize, which costs per image.
+    `options` go to the loader (imagefolder: classes_file, ...).
     """
     if name not in DATASETS:
         raise DatasetError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(DATASETS))}")
@@ -616,23 +623,24 @@ def load_dataset(
     if image_size is not None and int(image_size) < 1:
         raise DatasetError(f"image_size must be a positive integer, got {image_size!r}")
     dataset = loader(root=root, download=download, image_size=image_size, **options)
+    if subset:
+        dataset = stratified_subset(dataset, subset)
     if image_size is not None and dataset.image_size != image_size:
         dataset = _resized(dataset, int(image_size))
     return dataset
 
 
 def load_data(cfg: dict) -> Dataset:
-    """The dataset of a config's ``dataset`` section (a run's settings, or ``{"dataset": section}``):
-    ``subset`` keeps a fixed stratified part of each split it names (``{train: n, test: m}``)."""
+    """The dataset of a config's ``dataset`` section (a run's settings, or ``{"dataset": section}``)."""
     d = cfg["dataset"]
-    dataset = load_dataset(
+    return load_dataset(
         d["name"],
         root=d.get("root"),
         download=d.get("download", False),
         image_size=d.get("image_size"),
+        subset=d.get("subset"),
         **d.get("options", {}),
     )
-    return stratified_subset(dataset, d["subset"]) if d.get("subset") else dataset
 
 
 def stratified_subset(dataset: Dataset, sizes: dict[str, int]) -> Dataset:
