@@ -327,7 +327,7 @@ def reproduce_hint(entry: pd.Series, presets: list[dict]) -> str:
     if close:
         p = close[0]
         return (
-            f"closest preset {p['preset']} ({pair}) trains {p['epochs']} epochs (paper: "
+            f"closest preset {p['preset']} ({pair}, {entry['protocol']}) trains {p['epochs']} epochs (paper: "
             f"{entry['paper_epochs']}); set train.epochs: {entry['paper_epochs']}"
         )
     return (
