@@ -248,15 +248,45 @@ def best_methods(means: pd.DataFrame) -> dict[str, set[str]]:
 
 def headline_table(summary: pd.DataFrame, pair: tuple[str, str] | None = None) -> pd.DataFrame:
     """Methods × headline columns of "mean ± std" strings (percent); missing columns are "—"."""
-    parts = headline_stats(summary, pair)
-    cells = {
-        column: [
-            mean_pm_std(parts["mean"].loc[m, column], parts["std"].loc[m, column], parts["n"].loc[m, column])
-            for m in parts["mean"].index
-        ]
-        for column in parts["mean"].columns
+    return display_cells(headline_stats(summary, pair))
+
+
+# --------------------------------------------------------------------------- methods x targets
+def matrix_metric(summary: pd.DataFrame, pretrain: str) -> tuple[str, str, str] | None:
+    """The (label, protocol, metric) of the methods × targets matrix of runs pretrained on
+    ``pretrain``: the first headline metric evaluated on more than one target (kNN top-1 in the
+    embedded default); None when no metric is."""
+    rows = summary[summary["pretrain_dataset"] == pretrain]
+    for label, protocol, metric in HEADLINE:
+        chosen = rows[(rows["protocol"] == protocol) & (rows["metric"] == metric)]
+        if chosen["eval_dataset"].nunique() > 1:
+            return label, protocol, metric
+    return None
+
+
+def target_matrix(
+    summary: pd.DataFrame, pretrain: str, protocol: str, metric: str
+) -> dict[str, pd.DataFrame]:
+    """mean, std and n as (method × evaluation target) frames of one protocol metric for the runs
+    pretrained on ``pretrain``: the pretraining set's own column first, then the transfer targets;
+    NaN where a method lacks a target."""
+    rows = summary[
+        (summary["pretrain_dataset"] == pretrain)
+        & (summary["protocol"] == protocol)
+        & (summary["metric"] == metric)
+    ]
+    targets = [t for _, t in pairs(rows)]
+    return {
+        k: rows.pivot(index="method", columns="eval_dataset", values=k).reindex(columns=targets).sort_index()
+        for k in ("mean", "std", "n")
     }
-    return pd.DataFrame(cells, index=parts["mean"].index)
+
+
+def display_cells(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """ "mean ± std" strings (percent) of mean, std and n frames of one shape; missing cells are "—"."""
+    mean, std, n = parts["mean"], parts["std"], parts["n"]
+    cells = {c: [mean_pm_std(mean.loc[m, c], std.loc[m, c], n.loc[m, c]) for m in mean.index] for c in mean}
+    return pd.DataFrame(cells, index=mean.index)
 
 
 # --------------------------------------------------------------------------- reproduced vs reported

@@ -301,7 +301,8 @@ def test_reproduced_vs_reported(dirs):
     assert out.iloc[1]["reproduce"] == "run with --configfile config/cifar10.yaml (cifar10, linear)"
     assert out.iloc[1]["n"] == 0
     assert out.iloc[2]["reproduce"] == (
-        "closest preset config/cifar10.yaml (cifar10, linear) trains 200 epochs (paper: 800); set train.epochs: 800"
+        "closest preset config/cifar10.yaml (cifar10, linear) trains 200 epochs (paper: 800); "
+        "set train.epochs: 800"
     )
     assert out.iloc[3]["reproduce"].startswith("no preset") and math.isnan(out.iloc[3]["ours"])
     # a transfer number: the preset that pretrains on cifar10 and runs the protocol on voc07

@@ -41,6 +41,8 @@ def draw_figures(pair: tuple[str, str], tables: Tables, runs: list[Run], figures
     firsts = [r for r in first_seed_runs(runs, pretrain) if r.method in colours]
     sides = {r.method: read_clustering_side_file(r, target) for r in firsts}
     sides = {method: side for method, side in sides.items() if side is not None}
+    own = pretrain == target  # training happened on this pair's dataset: its curves and E-steps
+    estep = [panel for r in firsts for panel in estep_assignments(r)][:MAX_ESTEP_PANELS] if own else []
     drawn = [
         (
             "bars",
@@ -52,6 +54,17 @@ def draw_figures(pair: tuple[str, str], tables: Tables, runs: list[Run], figures
             lowshot_curves(rows, name, colours),
             "Low-shot SVM: mAP against labelled examples per class",
         ),
+        *(
+            [
+                (
+                    "training",
+                    training_curves(runs, pretrain, colours),
+                    "Training curves: loss and images/s per epoch",
+                )
+            ]
+            if own
+            else []
+        ),
         (
             "tsne",
             tsne_maps(sides, name),
@@ -62,23 +75,20 @@ def draw_figures(pair: tuple[str, str], tables: Tables, runs: list[Run], figures
             size_panels(kmeans_sizes(sides), kmeans_title(sides, name)),
             "Cluster sizes of the clustering protocol's k-means (k = classes) on each method's test features",
         ),
+        *(
+            [
+                (
+                    "estep",
+                    size_panels(
+                        estep, f"{name}: cluster sizes of the E-step assignments stored in the checkpoint"
+                    ),
+                    "Cluster sizes of PCL's E-step (method state buffers named *assign*)",
+                )
+            ]
+            if own
+            else []
+        ),
     ]
-    if pretrain == target:
-        estep = [panel for r in firsts for panel in estep_assignments(r)][:MAX_ESTEP_PANELS]
-        drawn += [
-            (
-                "training",
-                training_curves(runs, pretrain, colours),
-                "Training curves: loss and images/s per epoch",
-            ),
-            (
-                "estep",
-                size_panels(
-                    estep, f"{name}: cluster sizes of the E-step assignments stored in the checkpoint"
-                ),
-                "Cluster sizes of PCL's E-step (method state buffers named *assign*)",
-            ),
-        ]
     return [
         Figure(kind, caption, save_figure(fig, figures_dir, f"{pair_id(*pair)}_{kind}"))
         for kind, fig, caption in drawn

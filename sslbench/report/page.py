@@ -16,6 +16,7 @@ import pandas as pd
 from ..stats import best_methods, headline_stats, headline_table, pair_id, pair_name
 from .figures import Figure
 from .tables import (
+    MATRIX_NOTE,
     Run,
     Tables,
     comparisons_display,
@@ -79,12 +80,13 @@ def html_figure(png: bytes, figure_id: str, caption: str) -> str:
 def headline_html(summary: pd.DataFrame, pair: tuple[str, str], footnote: str) -> str:
     cells = headline_table(summary, pair)
     best = best_methods(headline_stats(summary, pair)["mean"])
-    frame = cells.reset_index()
+    return methods_table_html(cells, best, f"table-headline-{pair_id(*pair)}") + note(footnote)
+
+
+def methods_table_html(cells: pd.DataFrame, best: dict[str, set[str]], table_id: str) -> str:
+    """Methods × columns of display strings, the best of each column in bold."""
     bold = {(i, c) for i, m in enumerate(cells.index) for c in cells.columns if m in best[c]}
-    return (
-        html_table(frame, f"table-headline-{pair_id(*pair)}", bold)
-        + f'<p class="note">{html.escape(footnote)}</p>'
-    )
+    return html_table(cells.reset_index(), table_id, bold)
 
 
 @dataclass
@@ -123,6 +125,9 @@ def render_page(tables: Tables, figures: dict[str, list[Figure]], runs: list[Run
     page = Page()
     for pair in tables.pairs:
         page.add(f"Headline: {pair_name(*pair)}", headline_html(tables.summary, pair, tables.footnotes[pair]))
+    for matrix in tables.matrices:
+        table = methods_table_html(matrix.cells, matrix.best, f"table-targets-{matrix.pretrain}")
+        page.add(f"Methods × targets: {matrix.title}", table + note(MATRIX_NOTE))
     if len(tables.failures):
         page.add(
             "Failed method folders",

@@ -24,14 +24,17 @@ from ..stats import (
     TableError,
     best_methods,
     check_table,
+    display_cells,
     headline_comparisons,
     headline_stats,
     headline_table,
+    matrix_metric,
     pair_name,
     pairs,
     percent,
     reproduced_vs_reported,
     summarise,
+    target_matrix,
 )
 
 CSV_TABLES = ("summary", "comparisons", "reproduced", "cost", "environment")
@@ -119,6 +122,33 @@ def read_failures(path: Path) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- tables
 @dataclass
+class Matrix:
+    """Methods × evaluation targets of one headline metric, for the runs of one pretraining dataset."""
+
+    pretrain: str
+    label: str  # the headline column it shows (stats.matrix_metric)
+    parts: dict[str, pd.DataFrame]  # mean, std, n (stats.target_matrix)
+
+    @property
+    def title(self) -> str:
+        return f"{self.label}, pretrained on {self.pretrain}, on every target"
+
+    @property
+    def cells(self) -> pd.DataFrame:
+        return display_cells(self.parts)
+
+    @property
+    def best(self) -> dict[str, set[str]]:
+        return best_methods(self.parts["mean"])
+
+
+MATRIX_NOTE = (
+    "Columns: the evaluation targets (the pretraining set's own first; the others frozen-encoder "
+    f"transfer). Cells: mean ± std over seeds, in %; best of each column in bold; {MISSING}: not evaluated."
+)
+
+
+@dataclass
 class Tables:
     """Everything the page shows as a table, per (pretraining, evaluation) dataset pair where it says so."""
 
@@ -130,6 +160,7 @@ class Tables:
     environment: pd.DataFrame
     failures: pd.DataFrame
     footnotes: dict[tuple[str, str], str] = field(default_factory=dict)
+    matrices: list[Matrix] = field(default_factory=list)
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
@@ -139,15 +170,21 @@ class Tables:
 def compute_tables(
     table: pd.DataFrame, runs: list[Run], results_dir: Path, methods_dir: str | Path, config_dir: str | Path
 ) -> Tables:
+    summary = summarise(table)
+    chosen = {p: matrix_metric(summary, p) for p in sorted(table["pretrain_dataset"].unique())}
     return Tables(
         table=table,
-        summary=summarise(table),
+        summary=summary,
         comparisons=headline_comparisons(table),
         reproduced=reproduced_vs_reported(table, methods_dir, config_dir),
         cost=cost_table(runs, table),
         environment=environment_table(runs),
         failures=read_failures(results_dir / "failures.csv"),
         footnotes={pair: settings_footnote(table, pair) for pair in pairs(table)},
+        matrices=[
+            Matrix(pretrain, label, target_matrix(summary, pretrain, protocol, metric))
+            for pretrain, (label, protocol, metric) in ((p, c) for p, c in chosen.items() if c)
+        ],
     )
 
 
@@ -160,6 +197,8 @@ def write_tables(tables: Tables, out_dir: Path) -> None:
         + headline_markdown(tables.summary, pair, tables.footnotes[pair])
         for pair in tables.pairs
     )
+    for matrix in tables.matrices:
+        markdown += f"\n### {matrix.title}\n\n{markdown_table(matrix.cells, matrix.best)}\n{MATRIX_NOTE}\n"
     if len(tables.failures):  # method folders skipped with --keep-going: never silently absent
         markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in tables.failures.values)
     atomic.write_text(out_dir / "table.md", markdown)
@@ -193,14 +232,18 @@ def settings_footnote(table: pd.DataFrame, pair: tuple[str, str]) -> str:
 
 def headline_markdown(summary: pd.DataFrame, pair: tuple[str, str], footnote: str) -> str:
     cells = headline_table(summary, pair)
-    best = best_methods(headline_stats(summary, pair)["mean"])
+    return markdown_table(cells, best_methods(headline_stats(summary, pair)["mean"])) + f"\n{footnote}\n"
+
+
+def markdown_table(cells: pd.DataFrame, best: dict[str, set[str]]) -> str:
+    """Methods × columns of display strings, the best of each column in bold."""
     header = "| method | " + " | ".join(cells.columns) + " |"
     rule = "|---|" + "---:|" * len(cells.columns)
     lines = [header, rule]
     for method, row in cells.iterrows():
         shown = [f"**{row[c]}**" if method in best[c] else row[c] for c in cells.columns]
         lines.append(f"| {method} | " + " | ".join(shown) + " |")
-    return "\n".join(lines) + f"\n\n{footnote}\n"
+    return "\n".join(lines) + "\n"
 
 
 def fmt(value, spec: str) -> str:
