@@ -2,14 +2,16 @@
 # Thin by design: every rule calls the `sslbench` CLI, where the logic is tested.
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from snakemake.utils import min_version
 
-from sslbench.config import (ConfigError, dataset_label, load_config, method_problems, preflight,
-                             resolve_runs, selected_methods)
+from sslbench.config import (FEATURES_FILE, RESULT_FILE, RUN_DIR, ConfigError, code_param, load_config,
+                             method_problems, plan_runs, preflight, protocol_settings, selected_methods)
 from sslbench.errors import expected_errors
+from sslbench.provenance import code_digest, tree_record
 
 min_version("9.0")
 
@@ -26,7 +28,6 @@ with expected_errors("sslbench"):
     # name the key and the file that set it.
     config.update(load_config(BASE / "config", workflow.overwrite_configfiles,
                               workflow.config_settings.config))
-    DATASET = dataset_label(config)
     METHODS = selected_methods(config, METHODS_DIR)
     # Broken method folders are caught here, before any training, and left out of the DAG. Unless
     # --keep-going is given, the run then stops before its first job (onstart); with it, the other
@@ -36,18 +37,25 @@ with expected_errors("sslbench"):
     if FAILED:
         print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)
         METHODS = [m for m in METHODS if m not in FAILED]
-    RUNS = resolve_runs(config, METHODS_DIR, METHODS)  # {(dataset, method): the run's resolved settings}
+    # {(pretraining dataset, method label): the run's resolved settings}, each (pretraining dataset,
+    # protocol)'s evaluation targets, the datasets they load; variants, sweeps and targets checked here.
+    PLAN = plan_runs(config, METHODS_DIR, METHODS)
+    for label, why in PLAN.skipped.items():
+        print(f"sslbench: skipping dataset {label} (datasets.{label}.optional):\n  {why}", file=sys.stderr)
+    LABEL_OF = {slug: label for label, slug in PLAN.slugs.items()}  # folder name -> method label
 
 
 onstart:
     with expected_errors("sslbench"):
-        preflight(config)  # unknown backbone, missing or truncated dataset files: before any job runs
+        preflight(config, PLAN)  # unknown backbone, missing or truncated dataset files: before any job runs
         if FAILED and not workflow.execution_settings.keep_going:
             raise ConfigError(f"broken method folder(s):\n{FAILED_MESSAGE}\nFix them, or run with "
                               "--keep-going to run the other methods (results/failures.csv will name these).")
 SEEDS = config["seeds"]
 PROTOCOLS = config["protocols"]
-RUN = "results/{dataset}/{method}/seed{seed}"
+PRETRAIN = sorted({p for p, _ in PLAN.runs})
+TARGETS = sorted({t for targets in PLAN.targets.values() for t in targets})
+RERUN_ON_CODE_CHANGE = config.get("rerun_on_code_change", False)
 
 localrules:
     all,
@@ -56,21 +64,43 @@ localrules:
 
 
 wildcard_constraints:
-    dataset=DATASET,
-    method="|".join(METHODS) or "(?!)",
+    pretrain="|".join(map(re.escape, PRETRAIN)) or "(?!)",
+    target="|".join(map(re.escape, TARGETS)) or "(?!)",
+    method="|".join(map(re.escape, LABEL_OF)) or "(?!)",
     seed=r"\d+",
     protocol="|".join(PROTOCOLS),
+
+# The pretrain job writes its own dataset's features (features/{pretrain}.npz); extract the others.
+ruleorder: pretrain > extract
+
+
+def run_settings(wildcards):
+    return PLAN.runs[wildcards.pretrain, LABEL_OF[wildcards.method]]
 
 
 def method_config(wildcards):
     """The resolved settings of one run: a param, so changing them reruns its jobs."""
-    return json.dumps(RUNS[wildcards.dataset, wildcards.method], sort_keys=True)
+    return json.dumps(run_settings(wildcards), sort_keys=True)
+
+
+def method_dir(wildcards):
+    return METHODS_DIR / run_settings(wildcards)["method_base"]
 
 
 def method_sources(wildcards):
     """A method's code and config are inputs: editing them reruns that method's jobs."""
-    folder = METHODS_DIR / wildcards.method
+    folder = method_dir(wildcards)
     return [str(p) for p in (folder / "method.py", folder / "config.yaml") if p.exists()]
+
+
+def code(stage):
+    """The code param of a stage's jobs: with `rerun_on_code_change`, a change to a file the job runs
+    reruns it (sslbench.config.code_param)."""
+    def param(wildcards, output):
+        protocol = wildcards.get("protocol")
+        folder = method_dir(wildcards) if stage == "pretrain" else None
+        return code_param(stage, output[0], RERUN_ON_CODE_CHANGE, folder, protocol)
+    return param
 
 
 def job(rule_name):
@@ -87,8 +117,12 @@ def launcher(wildcards, resources):
     return "sslbench"
 
 
-def protocol_settings(wildcards):
-    return json.dumps(config["evaluation"].get(wildcards.protocol, {}), sort_keys=True)
+def settings_of(wildcards):
+    return json.dumps(protocol_settings(config, wildcards.protocol), sort_keys=True)
+
+
+def target_section(wildcards):
+    return json.dumps(PLAN.datasets[wildcards.target], sort_keys=True)
 
 
 rule all:
@@ -100,57 +134,65 @@ rule pretrain:
     input:
         method_sources,
     output:
-        checkpoint=RUN + "/checkpoint.pt",
-        log=RUN + "/train_log.csv",
-        run=RUN + "/run.json",
+        run=RUN_DIR + "/run.json",
+        checkpoint=RUN_DIR + "/checkpoint.pt",
+        log=RUN_DIR + "/train_log.csv",
+        features=RUN_DIR + "/features/{pretrain}.npz",
     params:
         cfg=method_config,
-        method_dir=lambda wc: str(METHODS_DIR / wc.method),
+        method_dir=lambda wc: str(method_dir(wc)),
         run_dir=lambda wc, output: str(Path(output.checkpoint).parent),
         launcher=launcher,
+        code=code("pretrain"),
     threads: job("pretrain")[0]
     resources:
         **job("pretrain")[1],
     log:
-        RUN + "/logs/pretrain.log",
+        RUN_DIR + "/logs/pretrain.log",
     benchmark:
-        RUN + "/benchmarks/pretrain.tsv"  # wall time and peak memory of the job (sslbench bench reads these)
+        RUN_DIR + "/benchmarks/pretrain.tsv"  # wall time and peak memory of the job (sslbench bench reads these)
     shell:
         "{params.launcher} pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
-        "--seed {wildcards.seed} --out {params.run_dir:q} --threads {threads} --quiet > {log:q} 2>&1"
+        "--seed {wildcards.seed} --out {params.run_dir:q} --features-out {output.features:q} "
+        "--threads {threads} --quiet > {log:q} 2>&1"
 
 
 rule extract:
     input:
-        RUN + "/checkpoint.pt",
+        RUN_DIR + "/checkpoint.pt",
     output:
-        RUN + "/features.npz",
+        FEATURES_FILE,
+    params:
+        target=target_section,
+        code=code("extract"),
     threads: job("extract")[0]
     resources:
         **job("extract")[1],
     log:
-        RUN + "/logs/extract.log",
+        RUN_DIR + "/logs/extract_{target}.log",
     benchmark:
-        RUN + "/benchmarks/extract.tsv"
+        RUN_DIR + "/benchmarks/extract_{target}.tsv"
     shell:
-        "sslbench extract --checkpoint {input:q} --out {output:q} --threads {threads} > {log:q} 2>&1"
+        "sslbench extract --checkpoint {input:q} --target-json {params.target:q} --out {output:q} "
+        "--threads {threads} > {log:q} 2>&1"
 
 
 rule evaluate:
     input:
-        features=RUN + "/features.npz",
-        checkpoint=RUN + "/checkpoint.pt",
+        features=FEATURES_FILE,
+        checkpoint=RUN_DIR + "/checkpoint.pt",
     output:
-        RUN + "/eval/{protocol}.json",
+        RESULT_FILE,
     params:
-        settings=protocol_settings,
+        settings=settings_of,
+        code=code("evaluate"),
     threads: job("evaluate")[0]
     resources:
         **job("evaluate")[1],
     log:
-        RUN + "/logs/{protocol}.log",
+        RUN_DIR + "/logs/{target}_{protocol}.log",
     benchmark:
-        RUN + "/benchmarks/{protocol}.tsv"
+        RUN_DIR + "/benchmarks/{target}_{protocol}.tsv"
     shell:
         "sslbench evaluate --protocol {wildcards.protocol} --features {input.features:q} "
         "--checkpoint {input.checkpoint:q} --settings-json {params.settings:q} --seed {wildcards.seed} "
@@ -159,22 +201,26 @@ rule evaluate:
 
 rule collect:
     input:
-        expand(RUN + "/eval/{protocol}.json", dataset=DATASET, method=METHODS, seed=SEEDS, protocol=PROTOCOLS),
+        PLAN.result_files(SEEDS),
     output:
         table="results/table.csv",
         failures="results/failures.csv",
     params:
         failed=json.dumps(FAILED, sort_keys=True),
+        methods=str(METHODS_DIR),
+        # Any code change re-collects, so that the table's `stale` marks are always those of this tree.
+        code=code_digest(tree_record(METHODS_DIR)),
     shell:
-        "sslbench collect --out {output.table:q} --failures {output.failures:q} "
-        "--failed-json {params.failed:q} {input:q}"
+        "sslbench collect --out {output.table:q} --failures {output.failures:q} --results-dir results "
+        "--methods {params.methods:q} --failed-json {params.failed:q} {input:q}"
 
 
 rule report:
     input:
         table="results/table.csv",
         failures="results/failures.csv",
-        runs=expand(RUN + "/run.json", dataset=DATASET, method=METHODS, seed=SEEDS),
+        runs=[RUN_DIR.format(pretrain=p, method=PLAN.slugs[m], seed=s) + "/run.json" for p, m in PLAN.runs
+              for s in SEEDS],
         paper=[str(METHODS_DIR / m / "paper.yaml") for m in METHODS if (METHODS_DIR / m / "paper.yaml").exists()],
     output:
         html=report("results/report.html", category="Report"),

@@ -90,6 +90,11 @@ def _check_labels(y: np.ndarray, num_classes: int, name: str, allow_multilabel: 
                 f"feature dict: multilabel '{name}' must be [N, {num_classes}] with values in {{1, 0, -1}}"
             )
         return
+    if y.ndim == 2:
+        raise ProtocolError(
+            f"feature dict: '{name}' is multilabel ({y.shape[1]} columns of VOC codes); this protocol needs "
+            "one class per image (lowshot_svm takes multilabel targets)"
+        )
     if y.ndim != 1:
         raise ProtocolError(f"feature dict: '{name}' must be a vector of class ids, got shape {y.shape}")
     if y.min() < 0 or y.max() >= num_classes:

@@ -137,7 +137,7 @@ def evaluate(
     features: dict, settings: dict, seed: int, checkpoint_path=None
 ) -> tuple[dict[str, float], dict]:
     if (settings or {}).get("mode") == "paper":
-        return evaluate_paper(settings, seed, checkpoint_path)
+        return evaluate_paper(settings, seed, checkpoint_path, (features or {}).get("meta"))
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if used["mode"] != "cached":
         raise ProtocolError(f"linear: unknown mode {used['mode']!r}; known modes are 'cached' and 'paper'")
@@ -259,11 +259,14 @@ def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
     return used, ignored
 
 
-def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str, float], dict]:
+def evaluate_paper(
+    settings: dict, seed: int, checkpoint_path, features_meta: dict | None = None
+) -> tuple[dict[str, float], dict]:
+    """The probe on the images of the features' target (their ``eval`` record; the pretraining set
+    when there is none), as extracted: its size, the pretraining set's mean and std."""
     from sslbench.augment import EvalTransform, ViewAugment, view_config
-    from sslbench.data import load_data
     from sslbench.distributed import select_device
-    from sslbench.features import embed, load_encoder, read_checkpoint
+    from sslbench.features import embed, evaluation_data, load_encoder, read_checkpoint
 
     used, ignored = resolve_paper_settings(settings)
     if checkpoint_path is None:
@@ -273,7 +276,7 @@ def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str
         )
     device = select_device(used["device"] or "auto")
     ckpt = read_checkpoint(checkpoint_path, "cpu")
-    data = load_data(ckpt["cfg"])
+    data = evaluation_data(ckpt, features_meta)
     if data.multilabel:
         raise ProtocolError(
             f"linear (paper): {data.name} is multilabel; this protocol needs one class per image"
@@ -281,7 +284,7 @@ def evaluate_paper(settings: dict, seed: int, checkpoint_path) -> tuple[dict[str
     norm = ckpt["normalisation"]
     views = view_config(**used["augment"])
     augment = ViewAugment(data.image_size, data.channels, norm["mean"], norm["std"], views).to(device)
-    backbone = load_encoder(ckpt).to(device)
+    backbone = load_encoder(ckpt, data.image_size).to(device)
     head = fit_frozen_probe(backbone, data.train, data.num_classes, augment, used, seed, device)
     transform = EvalTransform(data.image_size, data.channels, norm["mean"], norm["std"]).to(device)
     logits = embed(torch.nn.Sequential(backbone, head), data.test, transform, device, used["eval_batch_size"])

@@ -4,8 +4,12 @@ Labelled subsets: from each class, max(1, round(f * n_class)) train images for f
 (every class keeps the same fraction; at least one image), drawn once per seed from one random
 order per class, so the 1% subset is the first part of the 10% one (nested). Only train indices
 are ever drawn: the test split cannot leak in. The subsets are written, one train index per line
-in ascending order, to ``<run>/eval/semisup_subsets/{1pct,10pct}.txt`` (``<run>`` is the folder of
-the checkpoint) and their sha256 is recorded in the settings.
+in ascending order, to ``semisup_subsets/{1pct,10pct}.txt`` beside the result JSON
+(``<run>/eval/<target>/``) and their sha256 is recorded in the settings.
+
+On a transfer target (the features' ``eval`` record names it) the checkpoint is fine-tuned on the
+target's own labels, splits and image size, normalised with the pretraining set's mean and std and
+converted to the encoder's channels, as features are extracted (``sslbench.features.target_data``).
 
 Standard lists (ImageNet's 1% / 10% files): the setting ``subset_files: {1pct: path, 10pct: path}``
 replaces the draw. Each file holds one entry per line (blank lines and ``#`` comments skipped):
@@ -39,9 +43,9 @@ import torch
 
 from sslbench import atomic
 from sslbench.augment import EvalTransform, ViewAugment, view_config
-from sslbench.data import Dataset, ImageSet, load_data
+from sslbench.data import Dataset, ImageSet
 from sslbench.distributed import select_device
-from sslbench.features import embed, load_encoder, read_checkpoint
+from sslbench.features import embed, evaluation_data, load_encoder, read_checkpoint
 from sslbench.loop import TrainingDiverged, fit_classifier, make_optimizer
 
 from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy
@@ -49,8 +53,9 @@ from .linear import new_head, stratified_holdout
 
 PROTOCOL = "semisup"
 NEEDS_CHECKPOINT = True
+NEEDS_RESULT_DIR = True  # the subset index files go beside the result
 FRACTIONS = {"1pct": 0.01, "10pct": 0.10}  # ascending: the smaller subset is nested in the larger
-SUBSET_FOLDER = Path("eval") / "semisup_subsets"
+SUBSET_FOLDER = "semisup_subsets"
 DEFAULTS: dict = {
     "epochs": {"1pct": 60, "10pct": 30},  # passes over the labelled subset (SimCLR's fine-tuning)
     "batch_size": 32,
@@ -173,15 +178,7 @@ def labelled_subsets(train: ImageSet, used: dict, seed: int, out_dir: Path) -> t
 
 def part(images: ImageSet, indices) -> ImageSet:
     """The rows `indices` of an ImageSet, in memory or lazily decoded alike."""
-    idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
-    if images.images is not None:
-        return ImageSet(labels=images.labels[idx], images=images.images[idx], channels=images.channels)
-    return ImageSet(
-        labels=images.labels[idx],
-        paths=[images.paths[i] for i in idx.tolist()],
-        image_size=images.image_size,
-        channels=images.channels,
-    )
+    return images.subset(np.asarray(indices))
 
 
 def finetune(
@@ -197,7 +194,7 @@ def finetune(
 ) -> torch.nn.Sequential:
     """Backbone (from the checkpoint) + new linear head, trained end to end on `labelled`."""
     torch.manual_seed(stream_seed)  # anything random inside the backbone (drop-path, dropout)
-    backbone = load_encoder(ckpt)
+    backbone = load_encoder(ckpt, augment.image_size)  # the size the views come at
     head = new_head(
         backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(stream_seed, 0))
     )
@@ -365,9 +362,10 @@ def run_semisup(
 
 
 def evaluate(
-    features: dict, settings: dict, seed: int, checkpoint_path=None
+    features: dict, settings: dict, seed: int, checkpoint_path=None, result_dir=None
 ) -> tuple[dict[str, float], dict]:
-    """The protocol entry: `features` is only cross-checked (the images are fine-tuned on)."""
+    """The protocol entry: `features` name the target and are cross-checked (the images are fine-tuned
+    on); the subset files go to ``result_dir/semisup_subsets`` (default: the checkpoint's ``eval/``)."""
     if checkpoint_path is None:
         raise ProtocolError(
             "semisup fine-tunes the backbone and needs the checkpoint: pass checkpoint_path "
@@ -375,10 +373,11 @@ def evaluate(
         )
     resolve_settings(settings, DEFAULTS, PROTOCOL)  # unknown keys fail before anything is loaded
     ckpt = read_checkpoint(checkpoint_path, "cpu")
-    data = load_data(ckpt["cfg"])
+    data = evaluation_data(ckpt, (features or {}).get("meta"))
     if features is not None and int(features["num_classes"]) != data.num_classes:
         raise ProtocolError(
-            f"semisup: the features have {features['num_classes']} classes but {checkpoint_path}'s "
-            f"dataset has {data.num_classes}; re-extract the features"
+            f"semisup: the features have {features['num_classes']} classes but their dataset "
+            f"{data.name} has {data.num_classes}; re-extract the features"
         )
-    return run_semisup(ckpt, data, settings, seed, Path(checkpoint_path).parent / SUBSET_FOLDER)
+    result_dir = Path(result_dir) if result_dir is not None else Path(checkpoint_path).parent / "eval"
+    return run_semisup(ckpt, data, settings, seed, result_dir / SUBSET_FOLDER)

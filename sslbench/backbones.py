@@ -17,8 +17,28 @@ class BackboneError(SslbenchError, ValueError):
     pass
 
 
-def create_backbone(name: str, in_chans: int = 3, small_stem: bool = False, **kwargs) -> nn.Module:
-    """A timm model with its classifier removed; ``model.num_features`` is the feature size."""
+PIXELS = "pixels"
+
+
+class Pixels(nn.Module):
+    """The input pixels themselves as features: each (normalised) image flattened, C x S x S values
+    at the size S the images come at. No weights: the raw-input floor of every table."""
+
+    def __init__(self, in_chans: int, image_size: int):
+        super().__init__()
+        self.num_features = in_chans * image_size * image_size
+
+    def forward(self, x):
+        return x.flatten(1)
+
+
+def create_backbone(
+    name: str, in_chans: int = 3, small_stem: bool = False, image_size: int | None = None, **kwargs
+) -> nn.Module:
+    """A timm model with its classifier removed, or ``pixels`` (``Pixels``, for ``image_size`` images);
+    ``model.num_features`` is the feature size."""
+    if name == PIXELS:
+        return Pixels(in_chans, image_size)
     if name not in timm.list_models():
         close = timm.list_models(f"*{name}*")[:10]
         raise BackboneError(
@@ -31,10 +51,14 @@ def create_backbone(name: str, in_chans: int = 3, small_stem: bool = False, **kw
     return model
 
 
-def backbone_from_config(cfg: dict, in_chans: int) -> nn.Module:
-    """The backbone a run's settings name (their ``backbone`` section), for ``in_chans`` channels."""
+def backbone_from_config(cfg: dict, in_chans: int, image_size: int) -> nn.Module:
+    """The backbone a run's settings name (their ``backbone`` section), for ``in_chans``-channel images
+    of ``image_size`` pixels (only ``pixels`` depends on the size: timm's models pool it away)."""
     return create_backbone(
-        cfg["backbone"]["name"], in_chans=in_chans, small_stem=cfg["backbone"].get("small_stem", False)
+        cfg["backbone"]["name"],
+        in_chans=in_chans,
+        small_stem=cfg["backbone"].get("small_stem", False),
+        image_size=image_size,
     )
 
 

@@ -1,4 +1,5 @@
-"""``sslbench pretrain|extract|evaluate|collect|report``: the commands the Snakefile runs; ``bench``.
+"""``sslbench pretrain|extract|evaluate|collect|report``: the commands the Snakefile runs; ``status``
+(stale and missing results, and the snakemake call that refreshes them); ``bench``.
 
 An error we expect (a bad config, missing data, a diverged run, an unreadable file) prints its
 message alone and exits with status 1; set SSLBENCH_DEBUG=1 to see its traceback as well.
@@ -34,8 +35,9 @@ def _threads(n: int | None) -> None:
 
 def cmd_pretrain(args) -> None:
     from .engine import pretrain
+    from .features import extract_after_training
 
-    pretrain(
+    checkpoint = pretrain(
         args.method_dir,
         args.config_json,
         args.seed,
@@ -43,12 +45,14 @@ def cmd_pretrain(args) -> None:
         device=args.device,
         progress=not args.quiet,
     )
+    if args.features_out:  # the pretraining set's features, without a process of their own
+        extract_after_training(checkpoint, args.features_out, device=args.device)
 
 
 def cmd_extract(args) -> None:
     from .features import extract
 
-    extract(args.checkpoint, args.out, device=args.device)
+    extract(args.checkpoint, args.out, target=args.target_json, device=args.device)
 
 
 def cmd_evaluate(args) -> None:
@@ -67,10 +71,39 @@ def cmd_evaluate(args) -> None:
 def cmd_collect(args) -> None:
     from .results import collect, write_failures
 
-    table = collect(args.results, args.out)
+    table = collect(args.results, args.out, results_dir=args.results_dir, methods_dir=args.methods)
     if args.failures:
         write_failures(args.failures, args.failed_json)
     print(f"[sslbench] {len(table)} rows -> {args.out}")
+
+
+def cmd_status(args) -> None:
+    from .config import load_config, method_problems, plan_runs, selected_methods
+    from .results import refresh_command, result_states
+
+    config = load_config(args.config_dir, args.configfile)
+    methods = selected_methods(config, args.methods)
+    broken = method_problems(args.methods, methods)
+    plan = plan_runs(config, args.methods, [m for m in methods if m not in broken])
+    for label, why in {**plan.skipped, **{f"methods/{m}": p for m, p in broken.items()}}.items():
+        print(f"left out: {label}: {why}")
+    expected = plan.result_files(config["seeds"])
+    states = result_states(expected, args.methods)
+    for kind, say in (("stale", "computed by code that has changed since"), ("unreadable", "")):
+        chosen = [s for s in states if s.state == kind]
+        if chosen:
+            print(f"{kind} ({len(chosen)} of {len(expected)} results){': ' + say if say else ''}")
+        for state in chosen:
+            why = "; ".join(f"{stage}: {' '.join(files)}" for stage, files in state.changed.items())
+            print(f"  {state.path}" + (f"  ({why})" if why else ""))
+    missing = [s for s in states if s.state == "missing"]
+    if missing:
+        print(f"missing ({len(missing)} of {len(expected)} results):")
+        print("".join(f"  {s.path}\n" for s in missing), end="")
+    if states:
+        print(f"To refresh them: {refresh_command(states, args.configfile)}")
+    else:
+        print(f"All {len(expected)} results are up to date with the code.")
 
 
 def cmd_report(args) -> None:
@@ -107,10 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--out", required=True, help="run folder: checkpoint.pt, train_log.csv, run.json")
+    p.add_argument("--features-out", default=None, help="also write the pretraining set's features here")
     p.set_defaults(func=cmd_pretrain)
 
-    p = sub.add_parser("extract", help="features of a checkpoint on train and test splits")
+    p = sub.add_parser(
+        "extract", help="features of a checkpoint on an evaluation target's train and test splits"
+    )
     p.add_argument("--checkpoint", required=True)
+    p.add_argument(
+        "--target-json",
+        default=None,
+        type=json_argument,
+        help="the target's dataset section with its label (default: the pretraining set)",
+    )
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_extract)
 
@@ -127,8 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--failures", default=None, help="CSV naming the method folders that could not run")
     p.add_argument("--failed-json", default="{}", type=json_argument, help="{method: problem}")
+    p.add_argument("--results-dir", default=None, help="also collect every other result JSON under it")
+    p.add_argument("--methods", default=None, help="the method folders' root: marks stale rows")
     p.add_argument("results", nargs="*")
     p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser("status", help="stale and missing results, and the snakemake call that refreshes them")
+    p.add_argument(
+        "--configfile", nargs="*", default=[], help="the presets of your run, as given to snakemake"
+    )
+    p.add_argument("--config-dir", default="config")
+    p.add_argument("--methods", default="methods")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("report", help="summary.csv, table.md and report.html from results/table.csv")
     p.add_argument("--results", default="results", help="folder holding table.csv and the run folders")

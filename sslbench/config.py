@@ -13,7 +13,10 @@ these two functions.
 from __future__ import annotations
 
 import copy
+import json
+import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -21,9 +24,13 @@ import yaml
 from .errors import ConfigError, SslbenchError  # noqa: F401  (ConfigError is this module's to raise)
 
 # Keys a method's config.yaml may use besides its own hyperparameters.
-METHOD_SECTIONS = ("train", "augment")
+METHOD_SECTIONS = ("train", "augment", "backbone")
 DEFAULT_FILE = "default.yaml"  # in the config folder; presets are merged over it
 SCHEMA_FILE = "schema.yaml"
+NOT_TIMM_BACKBONES = ("pixels",)  # sslbench.backbones builds these itself
+# The protocols whose code takes multi-label targets ([N, classes] in the VOC devkit's codes);
+# tests/test_transfer.py checks this against what each protocol does with such features.
+MULTILABEL_PROTOCOLS = ("lowshot_svm",)
 
 
 def load_config(
@@ -47,22 +54,272 @@ def load_config(
 
 
 def dataset_label(cfg: dict) -> str:
-    """The name results and tables use: ``dataset.label`` (e.g. imagenet100) or the loader's name.
-    ``cfg`` is the suite's settings or a run's resolved settings (both have a ``dataset`` section)."""
+    """The name results and tables use for a run's pretraining dataset (its key under ``datasets``).
+    ``cfg`` is a run's resolved settings, whose ``dataset`` section carries its label."""
     return cfg["dataset"].get("label") or cfg["dataset"]["name"]
+
+
+# Where the DAG's files are, relative to the working directory ({method} is the label's slug).
+RESULTS_DIR = "results"
+RUN_DIR = RESULTS_DIR + "/{pretrain}/{method}/seed{seed}"
+FEATURES_FILE = RUN_DIR + "/features/{target}.npz"
+RESULT_FILE = RUN_DIR + "/eval/{target}/{protocol}.json"
+PRETRAIN_TARGET = "pretrain"  # in `targets`: each run's own pretraining dataset
+MAX_SLUG_LENGTH = 120
+
+
+@dataclass
+class Plan:
+    """What a configuration asks the DAG for, resolved and checked before any job runs."""
+
+    runs: dict[tuple[str, str], dict]  # (pretrain dataset, method label): the run's resolved settings
+    slugs: dict[str, str]  # method label: its folder name under results/{pretrain}/
+    targets: dict[tuple[str, str], list[str]]  # (pretrain dataset, protocol): evaluation targets
+    datasets: dict[str, dict]  # label: the dataset section a job loads (label included)
+    skipped: dict[str, str] = field(default_factory=dict)  # optional dataset: why it is left out
+
+    def result_files(self, seeds: Iterable[int]) -> list[str]:
+        """Every result JSON the plan asks for."""
+        return [
+            RESULT_FILE.format(pretrain=p, method=self.slugs[m], seed=s, target=t, protocol=protocol)
+            for (p, m) in self.runs
+            for s in seeds
+            for (p2, protocol), targets in self.targets.items()
+            if p2 == p
+            for t in targets
+        ]
 
 
 def resolve_runs(
     config: dict, methods_dir: str | Path, methods: Iterable[str]
 ) -> dict[tuple[str, str], dict]:
-    """{(dataset label, method label): resolved settings} of every run the suite trains.
+    """{(pretraining dataset, method label): resolved settings} of every run the suite trains."""
+    return plan_runs(config, methods_dir, methods, check_files=False).runs
 
-    Today one pretraining dataset and one setting per method (the label is the method's folder).
-    Several pretraining datasets and method variants (a sweep over a method's settings, labelled
-    like ``moco[queue_size=4096]``) become more keys here; the Snakefile's DAG follows the keys.
+
+def plan_runs(
+    config: dict, methods_dir: str | Path, methods: Iterable[str], check_files: bool = True
+) -> Plan:
+    """The runs, their evaluation targets and the datasets they need.
+
+    A run is (pretraining dataset, method label, seed); its settings are resolved by
+    ``resolve_method_config``, then a variant's settings (``variants``, ``sweeps``) on top. With
+    ``check_files``, an ``optional`` dataset whose files are absent is left out (``Plan.skipped`` says
+    why and how to get it); a required one is checked by ``preflight`` before the first job.
     """
-    dataset = dataset_label(config)
-    return {(dataset, method): resolve_method_config(config, methods_dir, method) for method in methods}
+    from .datafiles import missing_files
+
+    datasets = {label: dict(section, label=label) for label, section in config["datasets"].items()}
+    named = set(config["pretrain"]) | {
+        name
+        for protocol in config["protocols"]
+        for name in (config["evaluation"].get(protocol) or {}).get(
+            "targets", config["evaluation"].get("targets", [])
+        )
+    }
+    skipped = {}
+    for label in sorted(named & set(datasets)) if check_files else []:
+        why = missing_files(datasets[label]) if datasets[label].get("optional") else None
+        if why:
+            skipped[label] = why
+    pretrain = [p for p in config["pretrain"] if p not in skipped]
+    unknown = [p for p in pretrain if p not in datasets]
+    if unknown:
+        raise ConfigError(
+            f"config key `pretrain`: unknown dataset(s) {unknown}; the datasets registered under "
+            f"`datasets` are {sorted(datasets)}. Register it there or fix the name."
+        )
+    for key in ("variants", "sweeps"):
+        unknown = [m for m in config.get(key) or {} if not (Path(methods_dir) / m).is_dir()]
+        if unknown:
+            raise ConfigError(
+                f"config key `{key}`: unknown method(s) {unknown}; the method folders under {methods_dir} "
+                f"are {list_method_folders(methods_dir)}"
+            )
+    targets = {
+        (p, protocol): protocol_targets(config, protocol, p, datasets, skipped)
+        for p in pretrain
+        for protocol in config["protocols"]
+    }
+    runs, slugs = {}, {}
+    for method in methods:
+        for label, variant in method_variants(config, methods_dir, method).items():
+            slugs[label] = method_slug(label)
+            for p in pretrain:
+                runs[p, label] = {
+                    **resolve_method_config(config, methods_dir, method, variant, p),
+                    "method": label,
+                }
+    check_slugs(slugs)
+    return Plan(runs, slugs, targets, {k: without_plan_keys(v) for k, v in datasets.items()}, skipped)
+
+
+def without_plan_keys(section: dict) -> dict:
+    """A dataset section as a job loads it: `optional` only matters to planning."""
+    return {k: copy.deepcopy(v) for k, v in section.items() if k != "optional"}
+
+
+def protocol_targets(config: dict, protocol: str, pretrain: str, datasets: dict, skipped: dict) -> list[str]:
+    """The evaluation targets of one protocol for runs pretrained on ``pretrain``: its own `targets`,
+    else `evaluation.targets`; `pretrain` stands for the run's own dataset."""
+    from .datafiles import MULTILABEL_DATASETS
+
+    section = config["evaluation"].get(protocol, {}) or {}
+    key = f"evaluation.{protocol}.targets" if "targets" in section else "evaluation.targets"
+    names = section.get("targets", config["evaluation"].get("targets", [PRETRAIN_TARGET]))
+    out = []
+    for name in names:
+        label = pretrain if name == PRETRAIN_TARGET else name
+        if label not in datasets:
+            raise ConfigError(
+                f"config key `{key}`: unknown target {name!r}; a target is `{PRETRAIN_TARGET}` (each run's "
+                f"own dataset) or a dataset registered under `datasets`: {sorted(datasets)}. Register it "
+                "or fix the name."
+            )
+        if label in skipped or label in out:
+            continue
+        if datasets[label]["name"] in MULTILABEL_DATASETS and protocol not in MULTILABEL_PROTOCOLS:
+            raise ConfigError(
+                f"config key `{key}`: target {label} ({datasets[label]['name']}) is multi-label, and "
+                f"{protocol} needs one class per image; only {list(MULTILABEL_PROTOCOLS)} take(s) "
+                f"multi-label targets. Remove {label} from `{key}` (set `evaluation.{protocol}.targets` "
+                "if it comes from `evaluation.targets`)."
+            )
+        out.append(label)
+    return out
+
+
+def protocol_settings(config: dict, protocol: str) -> dict:
+    """A protocol's settings as the protocol takes them (`targets` is the DAG's, not the protocol's)."""
+    section = config["evaluation"].get(protocol, {}) or {}
+    return {k: copy.deepcopy(v) for k, v in section.items() if k != "targets"}
+
+
+# --------------------------------------------------------------------------- method variants
+
+
+def method_variants(config: dict, methods_dir: str | Path, method: str) -> dict[str, dict]:
+    """{label: the variant's settings} of one method folder: the base (``{}``, labelled by the folder
+    name), each entry of ``variants.<method>`` and one per value of ``sweeps.<method>``.
+
+    A sweep value that resolves to the base's settings is the base run itself. Two explicit variants
+    (or one and the base) with the same settings, a sweep over a key the method lacks, or an empty list
+    of values are errors naming the key.
+    """
+    explicit = (config.get("variants") or {}).get(method) or []
+    sweeps = (config.get("sweeps") or {}).get(method) or {}
+    base = resolve_method_config(config, methods_dir, method)
+    seen = {settings_key(base): method}
+    out = {method: {}}
+    for i, entry in enumerate(explicit):
+        where = f"variants.{method}[{i}]"
+        settings = {k: v for k, v in entry.items() if k != "name"}
+        if not settings:
+            raise ConfigError(f"config key `{where}`: a variant needs at least one setting besides `name`")
+        label = f"{method}[{entry['name']}]" if "name" in entry else variant_label(method, settings)
+        add_variant(config, methods_dir, method, label, settings, where, seen, out, same_as_base_ok=False)
+    for key, values in sweeps.items():
+        where = f"sweeps.{method}.{key}"
+        if not values:
+            raise ConfigError(f"config key `{where}`: an empty list of values; give at least one value")
+        for value in values:
+            settings = nest({key: value})
+            add_variant(
+                config,
+                methods_dir,
+                method,
+                variant_label(method, settings),
+                settings,
+                where,
+                seen,
+                out,
+                same_as_base_ok=True,
+            )
+    return out
+
+
+def add_variant(config, methods_dir, method, label, settings, where, seen, out, same_as_base_ok) -> None:
+    try:
+        resolved = resolve_method_config(config, methods_dir, method, settings)
+    except ConfigError as err:
+        raise ConfigError(f"config key `{where}`: {err}") from None
+    key = settings_key(resolved)
+    if key in seen:
+        if same_as_base_ok and seen[key] == method:
+            return  # the base run already has this value
+        raise ConfigError(
+            f"config key `{where}`: {label} resolves to the same settings as {seen[key]}; remove one "
+            "(each run of the DAG must differ in its settings)"
+        )
+    if label in out:
+        raise ConfigError(f"config key `{where}`: two variants are labelled {label}; give them other names")
+    seen[key] = label
+    out[label] = settings
+
+
+def settings_key(resolved: dict) -> str:
+    return json.dumps({k: v for k, v in resolved.items() if k not in ("method", "variant")}, sort_keys=True)
+
+
+def nest(flat: dict) -> dict:
+    """{"train.lr": 0.1} -> {"train": {"lr": 0.1}}: a sweep's key may name a setting of a section."""
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = str(key).split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def flatten(settings: dict, prefix: str = "") -> dict:
+    """{"train": {"lr": 0.1}} -> {"train.lr": 0.1}."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def variant_label(method: str, settings: dict) -> str:
+    """``moco[momentum=0.9,queue_size=256]``: the overridden settings, sorted, dotted into sections."""
+
+    def text(value) -> str:
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+    return f"{method}[{','.join(f'{k}={text(v)}' for k, v in sorted(flatten(settings).items()))}]"
+
+
+def method_slug(label: str) -> str:
+    """A method label as a path component: ``moco[queue_size=256]`` -> ``moco@queue_size=256``.
+
+    No glob or wildcard metacharacters (``Path.glob`` reads ``[`` as a character class, snakemake
+    ``{`` as a wildcard), no spaces: pairs are joined by ``+``, anything else unsafe becomes ``-``.
+    """
+    base, _, inner = label.partition("[")
+    if not inner:
+        return base
+    return base + "@" + re.sub(r"[^A-Za-z0-9._=+-]", "-", inner.removesuffix("]").replace(",", "+"))
+
+
+def check_slugs(slugs: dict[str, str]) -> None:
+    by_slug: dict[str, list[str]] = {}
+    for label, slug in slugs.items():
+        by_slug.setdefault(slug, []).append(label)
+        if len(slug) > MAX_SLUG_LENGTH:
+            raise ConfigError(
+                f"config key `variants`/`sweeps`: {label} is too long for a folder name ({len(slug)} "
+                f"characters, at most {MAX_SLUG_LENGTH}); give the variant a `name`"
+            )
+    clashes = [labels for labels in by_slug.values() if len(labels) > 1]
+    if clashes:
+        raise ConfigError(
+            f"config key `variants`: {clashes[0]} would share the folder {method_slug(clashes[0][0])}; give "
+            "one of them a `name`"
+        )
 
 
 def discover_methods(methods_dir: str | Path) -> list[str]:
@@ -87,6 +344,12 @@ def validate_config(config: dict, schema_path: str | Path, config_files: list[st
     the file(s) that set it, what was expected, and the known values where there is a list."""
     import jsonschema
 
+    if "dataset" in config:  # the one-dataset key of earlier versions
+        raise ConfigError(
+            f"config key `dataset`{_where(['dataset'], config_files)}: datasets are now registered by label "
+            "under `datasets:` ({<label>: {name: ..., image_size: ...}}) and the ones to train on listed in "
+            "`pretrain: [<label>]` (see config/default.yaml); evaluation targets are `evaluation.targets`."
+        )
     schema = load_yaml(schema_path)
     validator = jsonschema.Draft202012Validator(schema)
     problems = []
@@ -128,27 +391,82 @@ def _where(path: list, config_files: list[str | Path]) -> str:
     return f" (set in {found})" if found else ""
 
 
-def preflight(config: dict) -> None:
-    """Checks that need torch/timm or the data: run once before the first job, not at every plan."""
+def preflight(config: dict, plan: Plan) -> None:
+    """Checks that need torch/timm or the data: run once before the first job, not at every plan.
+    Every dataset the plan uses must be there (a folder dataset is only looked for: reading an
+    ImageNet-size folder is its first job's work)."""
     import timm
 
     from .data import DatasetError, load_data
+    from .datafiles import missing_files
 
-    name = config["backbone"]["name"]
-    if name not in timm.list_models():
-        raise ConfigError(
-            f"config key `backbone.name`: {name!r} is not a timm model; similar names: "
-            f"{timm.list_models(f'*{name}*')[:10] or 'none'} (see timm.list_models())"
-        )
-    data = config["dataset"]
-    if data["name"] != "imagefolder":  # an ImageNet-size folder is checked by its first job instead
+    names = {run["backbone"]["name"] for run in plan.runs.values()} - set(NOT_TIMM_BACKBONES)
+    for name in sorted(names):
+        if name not in timm.list_models():
+            raise ConfigError(
+                f"config key `backbone.name`: {name!r} is not a timm model; similar names: "
+                f"{timm.list_models(f'*{name}*')[:10] or 'none'} (see timm.list_models())"
+            )
+    used = {run["dataset"]["label"] for run in plan.runs.values()}
+    used |= {t for targets in plan.targets.values() for t in targets}
+    for label in sorted(used):
+        section = plan.datasets[label]
         try:
-            load_data(config)
+            why = missing_files(section)
+            if why:
+                raise DatasetError(why)
+            if section["name"] != "imagefolder":
+                load_data({"dataset": section})
         except DatasetError as err:
-            raise ConfigError(f"config key `dataset`: {err}") from err
+            raise ConfigError(f"config key `datasets.{label}`: {err}") from err
 
 
-PAPER_FIELDS = ("dataset", "backbone", "epochs", "protocol", "metric", "value", "source")
+def code_param(
+    stage: str,
+    output: str | Path,
+    rerun_on_code_change: bool,
+    method_dir: str | Path | None = None,
+    protocol: str | None = None,
+) -> str:
+    """The `code` param of a job whose first output is ``output``: a digest of the files the job runs
+    (``provenance.code_record``). With ``rerun_on_code_change`` it is their digest now, so that
+    snakemake reruns a job when one changes; without, the digest the job recorded, so that a code
+    change reruns nothing (and turning the switch on reruns only the jobs whose code changed)."""
+    from .provenance import code_digest, code_record
+
+    if not rerun_on_code_change:
+        recorded = recorded_code(stage, output)
+        if recorded is not None:
+            return code_digest(recorded)
+    return code_digest(code_record(stage, method_dir, protocol))
+
+
+def recorded_code(stage: str, output: str | Path) -> dict | None:
+    """The code record a finished job wrote (run.json, a features file, a result), if it did."""
+    from .errors import UnreadableFileError
+    from .featurefile import load_meta
+
+    if not Path(output).is_file():
+        return None
+    try:
+        if stage == "extract":
+            return load_meta(output).get("code_extract")
+        record = json.loads(Path(output).read_text())
+        return (record["meta"] if stage == "pretrain" else record).get("code")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnreadableFileError):
+        return None  # an unreadable output is rebuilt anyway
+
+
+PAPER_FIELDS = (
+    "pretrain_dataset",
+    "eval_dataset",
+    "backbone",
+    "epochs",
+    "protocol",
+    "metric",
+    "value",
+    "source",
+)
 
 
 def paper_entries(path: str | Path) -> list[dict]:
@@ -232,19 +550,22 @@ def selected_methods(config: dict, methods_dir: str | Path) -> list[str]:
     return list(wanted)
 
 
-def resolve_method_config(config: dict, methods_dir: str | Path, method: str) -> dict:
-    """The full settings of one method's training run."""
+def resolve_method_config(
+    config: dict,
+    methods_dir: str | Path,
+    method: str,
+    variant: dict | None = None,
+    pretrain: str | None = None,
+) -> dict:
+    """The full settings of one method's training run on ``pretrain`` (default: the first of the
+    config's `pretrain` datasets), with a variant's settings over the method's own."""
     folder = Path(methods_dir) / method
     method_file = folder / "config.yaml"
     own = load_yaml(method_file) if method_file.exists() else {}
     overrides = config.get("method_overrides", {}).get(method, {}) or {}
-    for key in overrides:
-        if key not in own and key not in METHOD_SECTIONS:
-            raise ConfigError(
-                f"config key `method_overrides.{method}.{key}`: {method} has no setting {key!r}; "
-                f"its settings (in {method_file}) are {sorted(own)} plus {list(METHOD_SECTIONS)}"
-            )
-    merged = deep_merge(own, overrides)
+    check_method_keys(overrides, own, method, method_file, f"config key `method_overrides.{method}.")
+    check_method_keys(variant or {}, own, method, method_file, "")
+    merged = deep_merge(deep_merge(own, overrides), variant or {})
     train = deep_merge(config["train"], merged.pop("train", {}) or {})
     unknown_train = sorted(set(train) - set(config["train"]))
     if unknown_train:
@@ -252,11 +573,26 @@ def resolve_method_config(config: dict, methods_dir: str | Path, method: str) ->
             f"{method_file}: unknown key(s) {unknown_train} under `train`; known: {sorted(config['train'])}"
         )
     augment = merged.pop("augment", {}) or {}
+    backbone = deep_merge(config["backbone"], merged.pop("backbone", {}) or {})
+    label = pretrain or config["pretrain"][0]
     return {
         "method": method,
-        "dataset": copy.deepcopy(config["dataset"]),
-        "backbone": copy.deepcopy(config["backbone"]),
+        "method_base": method,
+        "variant": copy.deepcopy(variant or {}),
+        "dataset": without_plan_keys({**config["datasets"][label], "label": label}),
+        "backbone": backbone,
         "train": train,
         "augment": augment,
         "params": merged,
     }
+
+
+def check_method_keys(settings: dict, own: dict, method: str, method_file: Path, where: str) -> None:
+    """Every key of ``settings`` is one of the method's settings or a section it may override."""
+    for key in settings:
+        if key not in own and key not in METHOD_SECTIONS:
+            named = f"{where}{key}`: " if where else ""
+            raise ConfigError(
+                f"{named}{method} has no setting {key!r}; its settings (in {method_file}) are "
+                f"{sorted(own)} plus {list(METHOD_SECTIONS)}"
+            )

@@ -27,20 +27,20 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .errors import SslbenchError
+from . import datafiles
+from .datafiles import (  # noqa: F401  (DatasetError and the file lists are re-exported)
+    CIFAR10_FILES,
+    CIFAR100_FILES,
+    FASHION_MNIST_FILES,
+    STL_FILES,
+    VOC_SPLIT_FILES,
+    DatasetError,
+    FileSpec,
+    locate,
+)
 
-
-class DatasetError(SslbenchError, ValueError):
-    """A dataset is unknown, missing or damaged; the message names the paths and the fix."""
-
-
-# Where `root=None` points for datasets that live under a data folder (the repo ignores ./data).
-DATA_ROOT_ENV = "SSLBENCH_DATA"
-DEFAULT_DATA_ROOT = "data"
 # Output size of `load()` for lazily decoded folder datasets when none is given.
 DEFAULT_LAZY_IMAGE_SIZE = 224
-# Where Debian's `dataset-fashion-mnist` package installs the IDX files.
-FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -68,6 +68,15 @@ class ImageSet:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def subset(self, indices) -> ImageSet:
+        """The rows ``indices`` (in that order), in memory or lazily decoded alike."""
+        index = _index_tensor(indices, len(self))
+        if self.images is not None:
+            return dataclasses.replace(self, labels=self.labels[index], images=self.images[index])
+        return dataclasses.replace(
+            self, labels=self.labels[index], paths=[self.paths[i] for i in index.tolist()]
+        )
 
     def load(self, indices) -> torch.Tensor:
         """uint8 [b, C, H, W] for `indices` (ints, a sequence, a tensor or a slice)."""
@@ -146,42 +155,6 @@ def _in_memory(images: np.ndarray, labels: np.ndarray) -> ImageSet:
 # --------------------------------------------------------------------------- locating files
 
 
-def _data_root(root) -> Path:
-    if root is not None:
-        return Path(root).expanduser()
-    return Path(os.environ.get(DATA_ROOT_ENV, DEFAULT_DATA_ROOT)).expanduser()
-
-
-def _find(folder: Path, name: str, allow_gz: bool = False) -> Path | None:
-    for candidate in [folder / name] + ([folder / f"{name}.gz"] if allow_gz else []):
-        if candidate.exists():
-            return candidate
-    return None
-
-
-def _locate(
-    dataset: str, folders: list[Path], names: list[str], how_to_get: str, allow_gz: bool = False
-) -> dict[str, Path]:
-    """Paths of `names` in the first folder that holds them all; else an error listing what each lacks."""
-    for folder in folders:
-        found = {name: _find(folder, name, allow_gz) for name in names}
-        if all(found.values()):
-            return found
-    report = "\n".join(
-        f"  {folder}: missing {', '.join(n for n in names if _find(folder, n, allow_gz) is None)}"
-        for folder in folders
-    )
-    raise DatasetError(f"{dataset}: dataset files not found. Looked in:\n{report}\nTo get them: {how_to_get}")
-
-
-def _download_hint(dataset: str, folder: Path) -> str:
-    return (
-        f"call load_dataset({dataset!r}, root=..., download=True) (or `--download`) to fetch them "
-        "with torchvision "
-        f"into {folder}, or pass root= pointing at a folder that holds them"
-    )
-
-
 def _torchvision_download(class_name: str, root: Path, *variants: dict) -> None:
     """Download with torchvision's dataset class (which verifies the archive's MD5), once per variant."""
     import torchvision.datasets
@@ -191,16 +164,14 @@ def _torchvision_download(class_name: str, root: Path, *variants: dict) -> None:
         getattr(torchvision.datasets, class_name)(str(root), download=True, **arguments)
 
 
-def _locate_or_download(
-    dataset, folders, names, download, fetch: Callable[[], None], how_to_get, allow_gz=False
-):
+def _locate_or_download(spec: FileSpec, download: bool, fetch: Callable[[], None]) -> dict[str, Path]:
     try:
-        return _locate(dataset, folders, names, how_to_get, allow_gz)
+        return locate(spec)
     except DatasetError:
         if not download:
             raise
     fetch()
-    return _locate(dataset, folders, names, how_to_get, allow_gz)
+    return locate(spec)
 
 
 # --------------------------------------------------------------------------- digits
@@ -228,12 +199,6 @@ def _load_digits(root=None, download=False, image_size=None) -> Dataset:
 
 # --------------------------------------------------------------------------- fashion_mnist (IDX)
 
-FASHION_MNIST_FILES = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
-}
 FASHION_MNIST_CLASSES = [
     "T-shirt/top",
     "Trouser",
@@ -292,25 +257,11 @@ def _read_idx_split(images_path: Path, labels_path: Path) -> ImageSet:
 
 
 def _load_fashion_mnist(root=None, download=False, image_size=None) -> Dataset:
-    folders = [Path(root), Path(root) / "FashionMNIST" / "raw"] if root is not None else []
-    folders.append(FASHION_MNIST_SYSTEM_DIR)
-    download_root = _data_root(root)
-    how = (
-        "`apt-get install dataset-fashion-mnist` (installs them in "
-        f"{FASHION_MNIST_SYSTEM_DIR}), or pass root= pointing at a folder holding the four IDX files "
-        "(optionally .gz), or download=True to fetch them with torchvision into "
-        f"{download_root / 'FashionMNIST' / 'raw'}"
-    )
-    if download:
-        folders.append(download_root / "FashionMNIST" / "raw")
+    download_root = datafiles.data_root(root)
     found = _locate_or_download(
-        "fashion_mnist",
-        folders,
-        list(FASHION_MNIST_FILES.values()),
+        datafiles.fashion_mnist_files(root, download),
         download,
         lambda: _torchvision_download("FashionMNIST", download_root, {"train": True}, {"train": False}),
-        how,
-        allow_gz=True,
     )
     paths = {key: found[name] for key, name in FASHION_MNIST_FILES.items()}
     return Dataset(
@@ -372,10 +323,8 @@ def _cifar_split(paths: list[Path], label_key: str) -> ImageSet:
 
 
 def _load_cifar(
-    name,
-    folder_name,
-    train_files,
-    test_files,
+    spec: FileSpec,
+    files: dict[str, list[str]],
     label_key,
     meta_file,
     names_key,
@@ -384,20 +333,15 @@ def _load_cifar(
     root,
     download,
 ) -> Dataset:
-    base = _data_root(root)
+    base = datafiles.data_root(root)
     found = _locate_or_download(
-        name,
-        [base / folder_name, base],
-        train_files + test_files,
-        download,
-        lambda: _torchvision_download(torchvision_class, base, {"train": True}),
-        _download_hint(name, base),
+        spec, download, lambda: _torchvision_download(torchvision_class, base, {"train": True})
     )
-    folder = found[train_files[0]].parent
+    folder = found[files["train"][0]].parent
     return Dataset(
-        name=name,
-        train=_cifar_split([found[f] for f in train_files], label_key),
-        test=_cifar_split([found[f] for f in test_files], label_key),
+        name=spec.dataset,
+        train=_cifar_split([found[f] for f in files["train"]], label_key),
+        test=_cifar_split([found[f] for f in files["test"]], label_key),
         num_classes=num_classes,
         channels=3,
         image_size=32,
@@ -407,10 +351,8 @@ def _load_cifar(
 
 def _load_cifar10(root=None, download=False, image_size=None) -> Dataset:
     return _load_cifar(
-        "cifar10",
-        "cifar-10-batches-py",
-        [f"data_batch_{i}" for i in range(1, 6)],
-        ["test_batch"],
+        datafiles.cifar10_files(root),
+        CIFAR10_FILES,
         "labels",
         "batches.meta",
         "label_names",
@@ -423,10 +365,8 @@ def _load_cifar10(root=None, download=False, image_size=None) -> Dataset:
 
 def _load_cifar100(root=None, download=False, image_size=None) -> Dataset:
     return _load_cifar(
-        "cifar100",
-        "cifar-100-python",
-        ["train"],
-        ["test"],
+        datafiles.cifar100_files(root),
+        CIFAR100_FILES,
         "fine_labels",
         "meta",
         "fine_label_names",
@@ -441,7 +381,6 @@ def _load_cifar100(root=None, download=False, image_size=None) -> Dataset:
 
 STL_SHAPE = (3, 96, 96)
 STL_CLASSES = ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"]
-STL_FILES = ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin"]
 
 
 def _read_stl_split(images_path: Path, labels_path: Path) -> ImageSet:
@@ -466,14 +405,11 @@ def _read_stl_split(images_path: Path, labels_path: Path) -> ImageSet:
 
 
 def _load_stl10(root=None, download=False, image_size=None) -> Dataset:
-    base = _data_root(root)
+    base = datafiles.data_root(root)
     found = _locate_or_download(
-        "stl10",
-        [base / "stl10_binary", base],
-        STL_FILES,
+        datafiles.stl10_files(root),
         download,
         lambda: _torchvision_download("STL10", base, {"split": "train"}),
-        _download_hint("stl10", base),
     )
     names_file = found["train_X.bin"].parent / "class_names.txt"
     class_names = names_file.read_text().split() if names_file.exists() else list(STL_CLASSES)
@@ -532,19 +468,8 @@ def _load_imagefolder(
     root=None, download=False, image_size=None, classes_file=None, train_dir="train", test_dir="val"
 ) -> Dataset:
     """root/<train_dir>/<class>/* and root/<test_dir>/<class>/*; classes sorted; decoded lazily."""
-    if root is None:
-        raise DatasetError("imagefolder needs root= : a folder holding train/<class>/* and val/<class>/*")
-    base = Path(root).expanduser()
-    split_dirs = {"train": base / train_dir, "test": base / test_dir}
-    missing = [str(d) for d in split_dirs.values() if not d.is_dir()]
-    if missing:
-        raise DatasetError(
-            f"imagefolder: missing folder(s) {', '.join(missing)}. Expected "
-            f"{base}/{train_dir}/<class>/<image> and "
-            f"{base}/{test_dir}/<class>/<image> (ImageNet: extract the official archives and sort "
-            "val/ into class "
-            "folders); these datasets cannot be downloaded automatically"
-        )
+    found = locate(datafiles.imagefolder_files(root, train_dir=train_dir, test_dir=test_dir))
+    split_dirs = {"train": found[train_dir], "test": found[test_dir]}
     classes = sorted(d.name for d in split_dirs["train"].iterdir() if d.is_dir())
     if classes_file is not None:
         wanted = _read_classes_file(classes_file)
@@ -632,12 +557,9 @@ def _voc_split(voc: Path, ids_file: Path, image_size: int) -> ImageSet:
 
 def _load_voc07(root=None, download=False, image_size=None) -> Dataset:
     """VOC 2007 in torchvision's layout: trainval as train, test as test; multilabel, decoded lazily."""
-    base = _data_root(root)
-    split_files = {"train": "ImageSets/Main/trainval.txt", "test": "ImageSets/Main/test.txt"}
+    base = datafiles.data_root(root)
     found = _locate_or_download(
-        "voc07",
-        [base / "VOCdevkit" / "VOC2007", base],
-        [*split_files.values(), "JPEGImages", "Annotations"],
+        datafiles.voc07_files(root),
         download,
         lambda: _torchvision_download(
             "VOCDetection",
@@ -645,14 +567,13 @@ def _load_voc07(root=None, download=False, image_size=None) -> Dataset:
             {"year": "2007", "image_set": "trainval"},
             {"year": "2007", "image_set": "test"},
         ),
-        _download_hint("voc07", base),
     )
     voc = found["JPEGImages"].parent
     size = image_size or DEFAULT_LAZY_IMAGE_SIZE
     return Dataset(
         name="voc07",
-        train=_voc_split(voc, found[split_files["train"]], size),
-        test=_voc_split(voc, found[split_files["test"]], size),
+        train=_voc_split(voc, found[VOC_SPLIT_FILES["train"]], size),
+        test=_voc_split(voc, found[VOC_SPLIT_FILES["test"]], size),
         num_classes=len(VOC_CLASSES),
         channels=3,
         image_size=size,
@@ -676,12 +597,19 @@ _COMMON_ARGUMENTS = {"root", "download", "image_size"}
 
 
 def load_dataset(
-    name: str, root: str | None = None, download: bool = False, image_size: int | None = None, **options
+    name: str,
+    root: str | None = None,
+    download: bool = False,
+    image_size: int | None = None,
+    subset: dict[str, int] | None = None,
+    **options,
 ) -> Dataset:
     """Load a registered dataset with its fixed train/test split.
 
     In-memory sets are resized once here when `image_size` differs from their native size;
-    lazy sets decode at `image_size`. `options` go to the loader (imagefolder: classes_file, ...).
+    lazy sets decode at `image_size`. ``subset`` keeps a fixed stratified part of each split it names
+    (``{train: n, test: m}``, ``stratified_subset``), drawn before the resize, which costs per image.
+    `options` go to the loader (imagefolder: classes_file, ...).
     """
     if name not in DATASETS:
         raise DatasetError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(DATASETS))}")
@@ -695,20 +623,76 @@ def load_dataset(
     if image_size is not None and int(image_size) < 1:
         raise DatasetError(f"image_size must be a positive integer, got {image_size!r}")
     dataset = loader(root=root, download=download, image_size=image_size, **options)
+    if subset:
+        dataset = stratified_subset(dataset, subset)
     if image_size is not None and dataset.image_size != image_size:
         dataset = _resized(dataset, int(image_size))
     return dataset
 
 
 def load_data(cfg: dict) -> Dataset:
-    """The dataset of a config's ``dataset`` section (the suite's settings or a run's)."""
+    """The dataset of a config's ``dataset`` section (a run's settings, or ``{"dataset": section}``)."""
     d = cfg["dataset"]
     return load_dataset(
         d["name"],
         root=d.get("root"),
         download=d.get("download", False),
         image_size=d.get("image_size"),
+        subset=d.get("subset"),
         **d.get("options", {}),
+    )
+
+
+def stratified_subset(dataset: Dataset, sizes: dict[str, int]) -> Dataset:
+    """The same dataset with ``sizes[split]`` images of each named split (every class in proportion,
+    a fixed draw: scikit-learn's stratified split with random_state 0), kept in their order."""
+    from sklearn.model_selection import train_test_split
+
+    if dataset.multilabel:
+        raise DatasetError(f"{dataset.name}: `subset` needs one class per image; this dataset is multi-label")
+    splits = {}
+    for split, size in sizes.items():
+        images = getattr(dataset, split)
+        labels = images.labels.numpy()
+        if size >= len(labels):
+            continue
+        keep, _ = train_test_split(np.arange(len(labels)), train_size=size, stratify=labels, random_state=0)
+        splits[split] = images.subset(np.sort(keep))
+    return dataclasses.replace(dataset, **splits)
+
+
+# What a transfer target's images go through to fit an encoder trained on other channels (stored in
+# every result row as `transfer_channels`).
+CHANNEL_CONVERSIONS = {
+    (1, 3): "grey repeated to 3 channels",
+    (3, 1): "ITU-R 601-2 luma, L = (299 R + 587 G + 114 B) / 1000 (PIL's convert('L'))",
+}
+
+
+def channel_conversion(source: int, channels: int) -> str:
+    return "none" if source == channels else CHANNEL_CONVERSIONS[source, channels]
+
+
+def convert_channels(dataset: Dataset, channels: int) -> Dataset:
+    """The dataset as ``channels``-channel images. Folder sets decode to it (PIL's own conversion);
+    in-memory sets are converted here with PIL's integer arithmetic, so both give the same pixels."""
+    if channels == dataset.channels:
+        return dataset
+    channel_conversion(dataset.channels, channels)  # a KeyError for anything but 1 <-> 3
+
+    def convert(split: ImageSet) -> ImageSet:
+        if split.images is None:
+            return dataclasses.replace(split, channels=channels)
+        if channels == 3:
+            images = split.images.expand(-1, 3, -1, -1).contiguous()
+        else:  # PIL's RGB -> L: (R * 19595 + G * 38470 + B * 7471 + 0x8000) >> 16
+            weights = torch.tensor([19595, 38470, 7471], dtype=torch.int64).view(1, 3, 1, 1)
+            luma = ((split.images.to(torch.int64) * weights).sum(1, keepdim=True) + 0x8000) >> 16
+            images = luma.to(torch.uint8)
+        return dataclasses.replace(split, images=images, channels=channels)
+
+    return dataclasses.replace(
+        dataset, train=convert(dataset.train), test=convert(dataset.test), channels=channels
     )
 
 

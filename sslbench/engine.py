@@ -30,7 +30,7 @@ from .loop import autocast, check_finite, learning_rate, make_optimizer, set_lea
 from .method import DataInfo, EpochContext, Method, checked_param_groups
 from .momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from .plugins import load_method_class
-from .provenance import provenance
+from .provenance import code_record, provenance
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
@@ -64,7 +64,7 @@ class _TrainingLoss(torch.nn.Module):
 def build_backbone(cfg: dict, data: Dataset, seed: int) -> torch.nn.Module:
     """The run's backbone with its initial weights, seeded by ``seed``."""
     torch.manual_seed(seed)
-    return backbone_from_config(cfg, data.channels)
+    return backbone_from_config(cfg, data.channels, data.image_size)
 
 
 def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) -> Method:
@@ -455,6 +455,7 @@ class Trainer:
             "peak_gpu_memory_bytes": peak,
             "fast_paths": self.fast_paths(),
             **provenance(self.device),
+            "code": code_record("pretrain", self.method_dir),  # the files this job ran, with their sha256
         }
         path = self.out_dir / "checkpoint.pt"
         if not dist.is_main():

@@ -30,3 +30,12 @@ def load_features(path: str | Path) -> dict:
         raise unreadable(path, "features file", err) from err
     out["num_classes"] = int(out["num_classes"])
     return out
+
+
+def load_meta(path: str | Path) -> dict:
+    """Only the metadata of a features file (the arrays are not read)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return json.loads(str(npz["meta_json"]))
+    except Exception as err:
+        raise unreadable(path, "features file", err) from err

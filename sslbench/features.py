@@ -1,5 +1,10 @@
-"""Extract features once per checkpoint: the frozen encoder's pooled output on
-the train and test splits (evaluation transform), to one file every protocol reads.
+"""Extract features once per (checkpoint, evaluation target): the frozen encoder's pooled output on
+the target's train and test splits (evaluation transform), to one file every protocol reads.
+
+A target is evaluated as the transfer literature does: its own splits and image size, the images
+normalised with the PRETRAINING set's mean and std (what the encoder was trained with), and grey or
+colour images converted to the encoder's channels (``sslbench.data.CHANNEL_CONVERSIONS``). What was
+done is stored in the file's metadata (``eval``) and in every result row.
 
 The file format lives in ``sslbench.featurefile`` (no torch), re-exported here.
 """
@@ -11,18 +16,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import distributed as dist
 from .augment import EvalTransform
 from .backbones import backbone_from_config
-from .data import load_data
+from .data import Dataset, channel_conversion, convert_channels, load_data
 from .distributed import select_device
 from .errors import unreadable
 from .featurefile import load_features, save_features  # noqa: F401  (re-exported)
-from .provenance import provenance
+from .provenance import code_record, provenance
 
 
-def load_encoder(checkpoint: dict) -> torch.nn.Module:
+def load_encoder(checkpoint: dict, image_size: int | None = None) -> torch.nn.Module:
+    """The checkpoint's encoder, for images of ``image_size`` (default: the pretraining size; only the
+    ``pixels`` baseline depends on it)."""
     cfg, meta = checkpoint["cfg"], checkpoint["meta"]
-    encoder = backbone_from_config(cfg, meta["channels"])
+    encoder = backbone_from_config(cfg, meta["channels"], image_size or meta["image_size"])
     encoder.load_state_dict(checkpoint["encoder"])
     return encoder
 
@@ -32,6 +40,40 @@ def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
         return torch.load(path, map_location=device, weights_only=False)
     except Exception as err:  # whatever a truncated zip or pickle raises
         raise unreadable(path, "checkpoint", err) from err
+
+
+def target_data(checkpoint: dict, target: dict) -> tuple[Dataset, dict]:
+    """A target's dataset (a dataset section with its ``label``) as the checkpoint's encoder takes it,
+    and the record of how: target, image size, channel conversion, normalisation."""
+    data = load_data({"dataset": target})
+    source_channels = data.channels
+    data = convert_channels(data, checkpoint["meta"]["channels"])
+    norm = checkpoint["normalisation"]
+    record = {
+        "dataset": target["label"],
+        "settings": dict(target),
+        "image_size": data.image_size,
+        "channels": source_channels,
+        "transfer_channels": channel_conversion(source_channels, data.channels),
+        "normalisation": f"pretraining set's mean {norm['mean']} and std {norm['std']}",
+    }
+    return data, record
+
+
+def evaluation_data(checkpoint: dict, features_meta: dict | None) -> Dataset:
+    """The images a protocol that needs them (fine-tuning, the paper-mode probe) evaluates on: the
+    target its features were extracted from (the pretraining set when they say none)."""
+    if features_meta and "eval" in features_meta:
+        return target_data(checkpoint, features_meta["eval"]["settings"])[0]
+    return target_data(checkpoint, {**checkpoint["cfg"]["dataset"], "label": checkpoint["meta"]["dataset"]})[
+        0
+    ]
+
+
+def eval_transform(checkpoint: dict, data: Dataset) -> EvalTransform:
+    """The evaluation transform of a target: its image size, the pretraining set's mean and std."""
+    norm = checkpoint["normalisation"]
+    return EvalTransform(data.image_size, data.channels, norm["mean"], norm["std"])
 
 
 @torch.inference_mode()
@@ -49,20 +91,29 @@ def embed(
     return torch.cat(out)
 
 
-def extract(checkpoint_path: str | Path, out_path: str | Path, device: str = "auto") -> Path:
+def extract(
+    checkpoint_path: str | Path, out_path: str | Path, target: dict | None = None, device: str = "auto"
+) -> Path:
+    """Features of ``target`` (a dataset section with its label; default: the pretraining set)."""
     dev = select_device(device)
     ckpt = read_checkpoint(checkpoint_path, "cpu")
-    encoder = load_encoder(ckpt).to(dev)
-    data = load_data(ckpt["cfg"])
-    norm = ckpt["normalisation"]
-    transform = EvalTransform(data.image_size, data.channels, norm["mean"], norm["std"]).to(dev)
+    target = target or {**ckpt["cfg"]["dataset"], "label": ckpt["meta"]["dataset"]}
+    data, record = target_data(ckpt, target)
+    encoder = load_encoder(ckpt, data.image_size).to(dev)
+    transform = eval_transform(ckpt, data).to(dev)
     features = {
         "train": embed(encoder, data.train, transform, dev).numpy(),
         "train_labels": data.train.labels.numpy(),
         "test": embed(encoder, data.test, transform, dev).numpy(),
         "test_labels": data.test.labels.numpy(),
         "num_classes": data.num_classes,
-        "meta": {**ckpt["meta"], "cfg": ckpt["cfg"], "extract_device": provenance(dev)["device"]},
+        "meta": {
+            **ckpt["meta"],
+            "cfg": ckpt["cfg"],
+            "eval": record,
+            "extract_device": provenance(dev)["device"],
+            "code_extract": code_record("extract"),
+        },
     }
     for split in ("train", "test"):
         if not np.isfinite(features[split]).all():
@@ -71,3 +122,10 @@ def extract(checkpoint_path: str | Path, out_path: str | Path, device: str = "au
                 "the checkpoint is broken; delete it and retrain"
             )
     return save_features(out_path, features)
+
+
+def extract_after_training(checkpoint_path: str | Path, out_path: str | Path, device: str = "auto") -> None:
+    """The pretraining set's features, written by the training job itself (rank 0, after every rank
+    has finished): the same code as ``extract``, without a job of its own to start."""
+    if dist.is_main():
+        extract(checkpoint_path, out_path, device=device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import metadata
 from pathlib import Path
 
@@ -60,3 +60,148 @@ def device_name(device) -> str:
 
 def provenance(device) -> dict:
     return {**git_state(), "versions": package_versions(), "device": device_name(device)}
+
+
+# --------------------------------------------------------------------------- code fingerprints
+# The project files a job runs: the static import closure of its stage's entry modules (every import
+# of sslbench and evaluation modules, also those inside functions), its protocol's module and its
+# method folder. Static, so that the planner and the job compute the same list: the job records it
+# with each file's sha256 (`code_record`), the table marks a result whose recorded files differ from
+# the current tree (`changed_files`), and `rerun_on_code_change` reruns the jobs whose files changed.
+PROJECT_PACKAGES = ("sslbench", "evaluation")
+STAGE_ENTRIES = {
+    "pretrain": ("sslbench.cli", "sslbench.engine", "sslbench.features"),
+    "extract": ("sslbench.cli", "sslbench.features"),
+    "evaluate": ("sslbench.cli", "sslbench.results"),
+}
+# Their imports are not followed: the CLI imports each command lazily, the package re-exports the
+# Method contract lazily (only a method that uses it runs it, and then imports it itself).
+DISPATCH_ONLY = ("sslbench", "sslbench.cli")
+METHOD_FILE_PATTERNS = ("*.py", "config.yaml")
+METHODS_KEY = "methods"  # record keys of method files: methods/<folder>/<file>
+
+
+def sha256_file(path: str | Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of a project module (a package's __init__.py), or None if there is none."""
+    base = REPO.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@cache
+def file_imports(path: Path, package: str) -> tuple[str, ...]:
+    """Project modules a source file imports anywhere in it (relative imports resolved against
+    ``package``), including ``from package import module`` and the packages on the way."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".") if package else []
+            base = parts[: len(parts) - node.level + 1] if node.level else []
+            targets = [
+                (".".join(base + ([node.module] if node.module else [])), [a.name for a in node.names])
+            ]
+        else:
+            continue
+        for target, names in targets:
+            if target.split(".")[0] not in PROJECT_PACKAGES:
+                continue
+            parts = target.split(".")
+            found |= {".".join(parts[: i + 1]) for i in range(len(parts))}
+            found |= {f"{target}.{n}" for n in names if module_file(f"{target}.{n}") is not None}
+    return tuple(sorted(m for m in found if module_file(m) is not None))
+
+
+def import_closure(entries: tuple[str, ...], extra_files: tuple[Path, ...] = ()) -> list[Path]:
+    """The source files of ``entries`` and of every project module they import, transitively."""
+    files, todo, seen = set(extra_files), list(entries), set()
+    for extra in extra_files:
+        if extra.suffix == ".py":
+            todo += file_imports(extra, "")
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = module_file(name)
+        if path is None:
+            continue
+        files.add(path)
+        parts = name.split(".")
+        todo += [".".join(parts[: i + 1]) for i in range(len(parts) - 1)]  # its packages run first
+        if name not in DISPATCH_ONLY:
+            package = name if path.name == "__init__.py" else ".".join(parts[:-1])
+            todo += file_imports(path, package)
+    return sorted(files)
+
+
+def method_files(method_dir: str | Path) -> list[Path]:
+    folder = Path(method_dir)
+    return sorted({p for pattern in METHOD_FILE_PATTERNS for p in folder.glob(pattern) if p.is_file()})
+
+
+def record_key(path: Path, method_dir: Path | None) -> str:
+    if method_dir is not None and path.parent == method_dir:
+        return f"{METHODS_KEY}/{method_dir.name}/{path.name}"
+    return path.relative_to(REPO).as_posix()
+
+
+def code_record(
+    stage: str, method_dir: str | Path | None = None, protocol: str | None = None
+) -> dict[str, str]:
+    """{file: sha256} of the project files a job of ``stage`` (pretrain, extract, evaluate) runs;
+    keys are paths from the repository root (``sslbench/engine.py``, ``methods/moco/method.py``)."""
+    folder = Path(method_dir).resolve() if method_dir is not None else None
+    entries = STAGE_ENTRIES[stage] + ((f"evaluation.{protocol}",) if protocol else ())
+    extra = tuple(method_files(folder)) if folder is not None else ()
+    return {record_key(p, folder): sha256_file(p) for p in import_closure(entries, extra)}
+
+
+def code_digest(record: dict[str, str]) -> str:
+    """A short name of a whole record: equal records, equal digests."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def changed_files(record: dict[str, str], methods_dir: str | Path) -> list[str]:
+    """The recorded files whose content differs now (or that are gone): method files are looked for
+    in ``methods_dir``, the others in this checkout of sslbench."""
+    changed = []
+    for key, digest in sorted(record.items()):
+        head, _, rest = key.partition("/")
+        path = Path(methods_dir) / rest if head == METHODS_KEY else REPO / key
+        if not path.is_file() or current_sha256(path, path.stat().st_mtime_ns) != digest:
+            changed.append(key)
+    return changed
+
+
+@cache
+def current_sha256(path: Path, mtime_ns: int) -> str:
+    """sha256 of a file, cached per modification time (a table checks the same files many times)."""
+    return sha256_file(path)
+
+
+def tree_record(methods_dir: str | Path) -> dict[str, str]:
+    """{file: sha256} of every project file: the sslbench and evaluation sources and every method
+    folder's (what any job may run)."""
+    files = [p for package in PROJECT_PACKAGES for p in sorted((REPO / package).rglob("*.py"))]
+    record = {p.relative_to(REPO).as_posix(): current_sha256(p, p.stat().st_mtime_ns) for p in files}
+    for folder in sorted(p for p in Path(methods_dir).iterdir() if p.is_dir()):
+        folder = folder.resolve()
+        record |= {
+            record_key(p, folder): current_sha256(p, p.stat().st_mtime_ns) for p in method_files(folder)
+        }
+    return record

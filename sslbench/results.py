@@ -1,9 +1,10 @@
 """Result files and the long-format table built from them.
 
-One JSON per (dataset, method, seed, protocol) under
-``results/{dataset}/{method}/seed{seed}/eval/{protocol}.json``; ``collect`` turns
-them into ``results/table.csv`` with one row per metric and every setting that
-produced it.
+One JSON per (pretraining dataset, method, seed, evaluation target, protocol) under
+``results/{pretrain}/{method}/seed{seed}/eval/{target}/{protocol}.json`` ({method}: the label's
+folder name, ``config.method_slug``); ``collect`` turns every one under results/ into
+``results/table.csv``, one row per metric with every setting that produced it and whether the code
+it ran has changed since (``stale``).
 """
 
 from __future__ import annotations
@@ -11,19 +12,39 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import shlex
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from . import atomic
+from .config import RESULT_FILE, RESULTS_DIR
 from .errors import SslbenchError, unreadable
-from .provenance import provenance
+from .provenance import changed_files, code_digest, code_record, provenance
 
 PROTOCOL_PACKAGE = "evaluation"
 
 # Columns first in the table; the rest follow in alphabetical order.
-KEY_COLUMNS = ["dataset", "method", "seed", "protocol", "metric", "value"]
+KEY_COLUMNS = [
+    "pretrain_dataset",
+    "eval_dataset",
+    "method",
+    "method_base",
+    "variant",
+    "seed",
+    "protocol",
+    "metric",
+    "value",
+]
+SORT_COLUMNS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol", "metric"]
+# The code each stage ran, as recorded: (table column, where in a result).
+CODE_STAGES = {
+    "code_pretrain": lambda result: result["run"]["code"],
+    "code_extract": lambda result: result["run"]["code_extract"],
+    "code_evaluate": lambda result: result["code"],
+}
 
 
 class ResultError(SslbenchError, ValueError):
@@ -62,6 +83,8 @@ def run_protocol(
         extra["checkpoint_path"] = checkpoint_path
     if getattr(module, "WRITES_SIDE_FILE", False):
         extra["side_file"] = side_file(out_path)
+    if getattr(module, "NEEDS_RESULT_DIR", False):
+        extra["result_dir"] = Path(out_path).parent
     start = time.perf_counter()
     metrics, used = module.evaluate(features, settings, seed, **extra)
     wall = time.perf_counter() - start
@@ -73,8 +96,11 @@ def run_protocol(
     meta = dict(features["meta"])
     cfg = meta.pop("cfg")
     result = {
-        "dataset": meta["dataset"],
+        "pretrain_dataset": meta["dataset"],
+        "eval_dataset": meta["eval"]["dataset"],
         "method": meta["method"],
+        "method_base": cfg["method_base"],
+        "variant": cfg["variant"],
         "seed": meta["seed"],
         "protocol": protocol,
         "metrics": {k: float(v) for k, v in metrics.items()},
@@ -84,15 +110,22 @@ def run_protocol(
         "run": meta,
         "cfg": cfg,
         "evaluated_with": provenance(used.get("device") or "cpu"),
+        "code": code_record("evaluate", protocol=protocol),
     }
     return atomic.write_json(out_path, result)
 
 
-def result_rows(result: dict) -> list[dict]:
-    run, cfg = result["run"], result["cfg"]
+def result_rows(result: dict, methods_dir: str | Path | None = None) -> list[dict]:
+    """One row per metric. With ``methods_dir``, ``stale`` and ``stale_files`` say whether a file the
+    result was computed from (in any stage) differs from the current tree, and which."""
+    run, cfg, target = result["run"], result["cfg"], result["run"]["eval"]
+    records = {column: record(result) for column, record in CODE_STAGES.items()}
     common = {
-        "dataset": result["dataset"],
+        "pretrain_dataset": result["pretrain_dataset"],
+        "eval_dataset": result["eval_dataset"],
         "method": result["method"],
+        "method_base": result["method_base"],
+        "variant": json.dumps(result["variant"], sort_keys=True),
         "seed": result["seed"],
         "protocol": result["protocol"],
         "protocol_settings": json.dumps(result["settings"], sort_keys=True),
@@ -100,6 +133,10 @@ def result_rows(result: dict) -> list[dict]:
         "backbone": run["backbone"],
         "small_stem": run["small_stem"],
         "image_size": run["image_size"],
+        "eval_image_size": target["image_size"],
+        "eval_dataset_settings": json.dumps(target["settings"], sort_keys=True),
+        "transfer_channels": target["transfer_channels"],
+        "eval_normalisation": target["normalisation"],
         "epochs": cfg["train"]["epochs"],
         "epochs_trained": run["epochs_trained"],
         "batch_size": cfg["train"]["batch_size"],
@@ -112,7 +149,11 @@ def result_rows(result: dict) -> list[dict]:
         "git_commit": run["git_commit"],
         "git_dirty": run["git_dirty"],
         **{f"version_{k}": v for k, v in run["versions"].items()},
+        **{column: code_digest(record) for column, record in records.items()},
     }
+    if methods_dir is not None:
+        changed = sorted({f for record in records.values() for f in changed_files(record, methods_dir)})
+        common.update(stale=bool(changed), stale_files=" ".join(changed))
     return [
         {**common, "metric": metric, "value": value} for metric, value in sorted(result["metrics"].items())
     ]
@@ -126,19 +167,35 @@ def read_result(path: str | Path) -> dict:
         raise unreadable(path, "result", err) from err
 
 
-def read_result_rows(path: str | Path) -> list[dict]:
+def read_result_rows(path: str | Path, methods_dir: str | Path | None = None) -> list[dict]:
     try:
-        return result_rows(read_result(path))
+        return result_rows(read_result(path), methods_dir)
     except (KeyError, TypeError, AttributeError) as err:  # valid JSON, but not a result of this code
         raise unreadable(path, "result", err) from err
 
 
-def collect(result_paths: list[str | Path], out_path: str | Path) -> pd.DataFrame:
-    rows = [row for path in sorted(map(str, result_paths)) for row in read_result_rows(path)]
+def result_files(results_dir: str | Path = RESULTS_DIR) -> list[Path]:
+    """Every result JSON under ``results_dir``, whichever configuration wrote it."""
+    relative = RESULT_FILE.removeprefix(f"{RESULTS_DIR}/")
+    pattern = relative.format(pretrain="*", method="*", seed="*", target="*", protocol="*")
+    return sorted(Path(results_dir).glob(pattern))
+
+
+def collect(
+    result_paths: list[str | Path],
+    out_path: str | Path,
+    results_dir: str | Path | None = None,
+    methods_dir: str | Path | None = None,
+) -> pd.DataFrame:
+    """``table.csv`` from ``result_paths`` and, with ``results_dir``, every other result JSON under
+    it: a second configuration adds its rows and never removes the first one's."""
+    found = [*result_paths, *(result_files(results_dir) if results_dir else [])]
+    paths = {Path(p).resolve(): p for p in found}  # one read per file, however it was named
+    rows = [row for key in sorted(paths) for row in read_result_rows(paths[key], methods_dir)]
     table = pd.DataFrame(rows)
     if not table.empty:
         rest = sorted(c for c in table.columns if c not in KEY_COLUMNS)
-        table = table[KEY_COLUMNS + rest].sort_values(["dataset", "method", "seed", "protocol", "metric"])
+        table = table[KEY_COLUMNS + rest].sort_values(SORT_COLUMNS)
     atomic.write_text(out_path, table.to_csv(index=False))
     return table
 
@@ -147,3 +204,60 @@ def write_failures(path: str | Path, failed: dict[str, str]) -> Path:
     """``results/failures.csv``: the method folders skipped (with --keep-going) and why."""
     frame = pd.DataFrame(sorted(failed.items()), columns=["method", "problem"])
     return atomic.write_text(path, frame.to_csv(index=False))
+
+
+# --------------------------------------------------------------------------- status
+STAGES = ("pretrain", "extract", "evaluate")
+
+
+@dataclass
+class ResultState:
+    """A result that is not up to date: missing, unreadable, or computed by code that has changed."""
+
+    path: str
+    state: str  # missing | unreadable | stale
+    rerun: str | None = None  # the output to --forcerun: the first stale stage's (None: missing)
+    changed: dict[str, list[str]] = field(default_factory=dict)  # stage: its changed files
+
+
+def stage_outputs(result_path: str | Path) -> dict[str, str]:
+    """The file each stage wrote for a result at RESULT_FILE: the checkpoint, the features of its
+    target, the result itself."""
+    path = Path(result_path)
+    run, target = path.parents[2], path.parent.name
+    return {
+        "pretrain": str(run / "checkpoint.pt"),
+        "extract": str(run / "features" / f"{target}.npz"),
+        "evaluate": str(path),
+    }
+
+
+def result_states(result_paths: list[str | Path], methods_dir: str | Path) -> list[ResultState]:
+    """Every result of ``result_paths`` that is not up to date, and why."""
+    out = []
+    for path in map(str, result_paths):
+        if not Path(path).exists():
+            out.append(ResultState(path, "missing"))
+            continue
+        try:
+            result = read_result(path)
+            records = dict(zip(STAGES, (record(result) for record in CODE_STAGES.values())))
+        except (SslbenchError, KeyError, TypeError, AttributeError):
+            out.append(ResultState(path, "unreadable", rerun=path))
+            continue
+        changed = {stage: changed_files(records[stage], methods_dir) for stage in STAGES}
+        changed = {stage: files for stage, files in changed.items() if files}
+        if changed:
+            out.append(ResultState(path, "stale", stage_outputs(path)[next(iter(changed))], changed))
+    return out
+
+
+def refresh_command(states: list[ResultState], config_files: list[str]) -> str:
+    """The one snakemake call that brings every result of ``states`` up to date."""
+    command = ["snakemake", "--cores", "all"]
+    if config_files:
+        command += ["--configfile", *config_files]
+    reruns = sorted({s.rerun for s in states if s.rerun})
+    if reruns:
+        command += ["--forcerun", *reruns]  # last: it takes every argument after it
+    return shlex.join(command)

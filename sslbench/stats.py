@@ -1,8 +1,10 @@
 """Statistics over seeds: summaries, paired method comparisons, the headline table,
 and our numbers beside the papers'.
 
-Every function takes the long-format ``results/table.csv`` (one row per dataset,
-method, seed, protocol, metric) or its summary, and returns a DataFrame.
+Every function takes the long-format ``results/table.csv`` (one row per pretraining
+dataset, evaluation dataset, method, seed, protocol, metric) or its summary, and returns
+a DataFrame. Methods are compared within one (pretraining dataset, evaluation dataset)
+pair: a number means something only beside numbers of the same pair.
 
 Undefined statistics stay missing, never invented: with one seed the standard
 deviation and the confidence interval do not exist, so ``std`` and ``ci95`` are
@@ -27,13 +29,15 @@ from .config import (
     ConfigError,
     load_config,
     paper_entries,
-    resolve_runs,
+    plan_runs,
 )
 from .errors import SslbenchError
 
 ALPHA = 0.05
 MISSING = "—"
-GROUP = ["dataset", "method", "protocol", "metric"]
+PAIR = ["pretrain_dataset", "eval_dataset"]
+GROUP = [*PAIR, "method", "protocol", "metric"]
+KEY = [*PAIR, "method", "seed", "protocol", "metric"]
 
 # The headline: (column label, protocol, metric). Higher is better for all of them.
 HEADLINE = [
@@ -51,8 +55,24 @@ class TableError(SslbenchError, ValueError):
     pass
 
 
+def pair_name(pretrain: str, target: str) -> str:
+    """How a (pretraining, evaluation) pair is shown: ``digits``, or ``digits → fashion_mnist``."""
+    return pretrain if pretrain == target else f"{pretrain} → {target}"
+
+
+def pair_id(pretrain: str, target: str) -> str:
+    """The pair in file names and HTML ids: ``digits``, or ``digits_to_fashion_mnist``."""
+    return pretrain if pretrain == target else f"{pretrain}_to_{target}"
+
+
+def pairs(table: pd.DataFrame) -> list[tuple[str, str]]:
+    """The (pretraining, evaluation) dataset pairs of a table or summary, each dataset's own first."""
+    found = table[PAIR].drop_duplicates().itertuples(index=False, name=None)
+    return sorted(found, key=lambda pair: (pair[0], pair[0] != pair[1], pair[1]))
+
+
 def check_table(table: pd.DataFrame, where: str = "results/table.csv") -> pd.DataFrame:
-    required = ["dataset", "method", "seed", "protocol", "metric", "value"]
+    required = [*KEY, "value"]
     missing = [c for c in required if c not in table.columns]
     if missing:
         raise TableError(
@@ -67,12 +87,13 @@ def check_table(table: pd.DataFrame, where: str = "results/table.csv") -> pd.Dat
             f"{where}: non-numeric or non-finite value {row['value']!r} for {row['method']} seed "
             f"{row['seed']} {row['protocol']}/{row['metric']}; delete that result JSON and rerun"
         )
-    duplicated = table.duplicated(["dataset", "method", "seed", "protocol", "metric"])
+    duplicated = table.duplicated(KEY)
     if duplicated.any():
         row = table[duplicated].iloc[0]
+        pair = pair_name(row["pretrain_dataset"], row["eval_dataset"])
         raise TableError(
-            f"{where}: two rows for {row['dataset']}/{row['method']} seed {row['seed']} "
-            f"{row['protocol']}/{row['metric']}; rebuild the table with `sslbench collect`"
+            f"{where}: two rows for {pair}/{row['method']} "
+            f"seed {row['seed']} {row['protocol']}/{row['metric']}; rebuild the table with `sslbench collect`"
         )
     return table.assign(value=values.astype(float))
 
@@ -85,7 +106,8 @@ def ci95_halfwidth(std: float, n: int) -> float:
 
 
 def summarise(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, method, protocol, metric): mean, std (ddof=1), ci95 half-width, n seeds."""
+    """Per (pretraining dataset, evaluation dataset, method, protocol, metric): mean, std (ddof=1),
+    ci95 half-width, n seeds."""
     table = check_table(table)
     grouped = table.groupby(GROUP, sort=True)["value"]
     out = grouped.agg(mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else math.nan, n="count")
@@ -120,7 +142,7 @@ def verdict(
 
 
 def paired_comparison(table: pd.DataFrame, protocol: str, metric: str, alpha: float = ALPHA) -> pd.DataFrame:
-    """Every pair of methods on one metric, per dataset, paired by seed.
+    """Every pair of methods on one metric, per (pretraining, evaluation) dataset pair, paired by seed.
 
     mean_diff = mean over shared seeds of (A - B); p_value from scipy.stats.ttest_rel; the verdict
     names the better method when p < alpha, else "within noise" ("untested (n < 2)" with one seed).
@@ -129,7 +151,7 @@ def paired_comparison(table: pd.DataFrame, protocol: str, metric: str, alpha: fl
     table = check_table(table)
     rows = []
     subset = table[(table["protocol"] == protocol) & (table["metric"] == metric)]
-    for dataset, data in subset.groupby("dataset", sort=True):
+    for (pretrain, target), data in subset.groupby(PAIR, sort=True):
         wide = data.pivot(index="seed", columns="method", values="value")
         for a, b in itertools.combinations(sorted(wide.columns), 2):
             pair = wide[[a, b]].dropna()
@@ -140,7 +162,8 @@ def paired_comparison(table: pd.DataFrame, protocol: str, metric: str, alpha: fl
             p = paired_test(pair[a].to_numpy(), pair[b].to_numpy())
             rows.append(
                 {
-                    "dataset": dataset,
+                    "pretrain_dataset": pretrain,
+                    "eval_dataset": target,
                     "protocol": protocol,
                     "metric": metric,
                     "method_a": a,
@@ -152,7 +175,7 @@ def paired_comparison(table: pd.DataFrame, protocol: str, metric: str, alpha: fl
                 }
             )
     columns = [
-        "dataset",
+        *PAIR,
         "protocol",
         "metric",
         "method_a",
@@ -174,13 +197,17 @@ def headline_comparisons(table: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- headline
-def headline_stats(summary: pd.DataFrame, dataset: str | None = None) -> dict[str, pd.DataFrame]:
-    """mean, std and n as (method × headline column) frames; NaN where a method lacks the metric."""
-    if dataset is not None:
-        summary = summary[summary["dataset"] == dataset]
-    datasets = summary["dataset"].unique()
-    if len(datasets) > 1:
-        raise TableError(f"the summary holds several datasets {sorted(datasets)}; pass dataset= to pick one")
+def headline_stats(summary: pd.DataFrame, pair: tuple[str, str] | None = None) -> dict[str, pd.DataFrame]:
+    """mean, std and n as (method × headline column) frames of one (pretraining, evaluation) dataset
+    pair; NaN where a method lacks the metric."""
+    if pair is not None:
+        summary = summary[(summary["pretrain_dataset"] == pair[0]) & (summary["eval_dataset"] == pair[1])]
+    found = pairs(summary)
+    if len(found) > 1:
+        raise TableError(
+            f"the summary holds several dataset pairs {[pair_name(*p) for p in found]}; pass pair= to "
+            "pick one"
+        )
     methods = sorted(summary["method"].unique())
     labels = [label for label, _, _ in HEADLINE]
     out = {
@@ -219,17 +246,47 @@ def best_methods(means: pd.DataFrame) -> dict[str, set[str]]:
     return best
 
 
-def headline_table(summary: pd.DataFrame, dataset: str | None = None) -> pd.DataFrame:
+def headline_table(summary: pd.DataFrame, pair: tuple[str, str] | None = None) -> pd.DataFrame:
     """Methods × headline columns of "mean ± std" strings (percent); missing columns are "—"."""
-    parts = headline_stats(summary, dataset)
-    cells = {
-        column: [
-            mean_pm_std(parts["mean"].loc[m, column], parts["std"].loc[m, column], parts["n"].loc[m, column])
-            for m in parts["mean"].index
-        ]
-        for column in parts["mean"].columns
+    return display_cells(headline_stats(summary, pair))
+
+
+# --------------------------------------------------------------------------- methods x targets
+def matrix_metric(summary: pd.DataFrame, pretrain: str) -> tuple[str, str, str] | None:
+    """The (label, protocol, metric) of the methods × targets matrix of runs pretrained on
+    ``pretrain``: the first headline metric evaluated on more than one target (kNN top-1 in the
+    embedded default); None when no metric is."""
+    rows = summary[summary["pretrain_dataset"] == pretrain]
+    for label, protocol, metric in HEADLINE:
+        chosen = rows[(rows["protocol"] == protocol) & (rows["metric"] == metric)]
+        if chosen["eval_dataset"].nunique() > 1:
+            return label, protocol, metric
+    return None
+
+
+def target_matrix(
+    summary: pd.DataFrame, pretrain: str, protocol: str, metric: str
+) -> dict[str, pd.DataFrame]:
+    """mean, std and n as (method × evaluation target) frames of one protocol metric for the runs
+    pretrained on ``pretrain``: the pretraining set's own column first, then the transfer targets;
+    NaN where a method lacks a target."""
+    rows = summary[
+        (summary["pretrain_dataset"] == pretrain)
+        & (summary["protocol"] == protocol)
+        & (summary["metric"] == metric)
+    ]
+    targets = [t for _, t in pairs(rows)]
+    return {
+        k: rows.pivot(index="method", columns="eval_dataset", values=k).reindex(columns=targets).sort_index()
+        for k in ("mean", "std", "n")
     }
-    return pd.DataFrame(cells, index=parts["mean"].index)
+
+
+def display_cells(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """ "mean ± std" strings (percent) of mean, std and n frames of one shape; missing cells are "—"."""
+    mean, std, n = parts["mean"], parts["std"], parts["n"]
+    cells = {c: [mean_pm_std(mean.loc[m, c], std.loc[m, c], n.loc[m, c]) for m in mean.index] for c in mean}
+    return pd.DataFrame(cells, index=mean.index)
 
 
 # --------------------------------------------------------------------------- reproduced vs reported
@@ -247,7 +304,8 @@ def read_paper_results(methods_dir: str | Path) -> pd.DataFrame:
 
 
 def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str) -> list[dict]:
-    """(preset file, dataset, backbone, epochs) that each config/*.yaml gives this method.
+    """(preset file, pretraining dataset, its evaluation targets per protocol, backbone, epochs) that
+    each config/*.yaml gives this method.
 
     Each preset is loaded as the Snakefile loads it (config.load_config: merged over
     config/default.yaml), and the method's own config.yaml may change its epochs, so the run's
@@ -258,50 +316,53 @@ def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str
     for path in sorted(config_dir.glob("*.yaml")):
         if path.name == SCHEMA_FILE:
             continue
-        # Only read for its dataset, backbone and epochs: not checked against the schema here.
+        # Only read for its datasets, backbone and epochs: not checked against the schema here.
         cfg = load_config(config_dir, [] if path.name == DEFAULT_FILE else [path], validate=False)
         try:
-            runs = resolve_runs(cfg, methods_dir, [method])
+            plan = plan_runs(cfg, methods_dir, [method], check_files=False)
         except (ConfigError, KeyError):
             continue  # a preset that cannot run this method cannot reproduce its numbers
         out += [
             {
                 "preset": f"{config_dir.name}/{path.name}",
-                "stem": path.stem,
-                "dataset": dataset,
+                "pretrain_dataset": pretrain,
+                "targets": {protocol: plan.targets[pretrain, protocol] for protocol in cfg["protocols"]},
                 "backbone": resolved["backbone"].get("name"),
                 "epochs": resolved["train"].get("epochs"),
             }
-            for (dataset, _), resolved in runs.items()
+            for (pretrain, label), resolved in plan.runs.items()
+            if label == method
         ]
     return out
 
 
 def reproduce_hint(entry: pd.Series, presets: list[dict]) -> str:
-    """Which preset would reproduce a reported number, or what one would need."""
+    """Which preset (pretraining dataset and evaluation target) would reproduce a reported number, or
+    what one would need."""
 
-    def same_dataset(p):  # imagefolder presets are named after their data (config/imagenet.yaml)
-        return entry["dataset"] in (p["dataset"], p["stem"])
+    def same_pair(p):
+        return p["pretrain_dataset"] == entry["pretrain_dataset"] and entry["eval_dataset"] in p[
+            "targets"
+        ].get(entry["protocol"], [])
 
+    pair = pair_name(entry["pretrain_dataset"], entry["eval_dataset"])
     exact = [
         p["preset"]
         for p in presets
-        if same_dataset(p)
-        and p["backbone"] == entry["paper_backbone"]
-        and p["epochs"] == entry["paper_epochs"]
+        if same_pair(p) and p["backbone"] == entry["paper_backbone"] and p["epochs"] == entry["paper_epochs"]
     ]
     if exact:
-        return "run with --configfile " + " or ".join(exact)
-    close = [p for p in presets if same_dataset(p) and p["backbone"] == entry["paper_backbone"]]
+        return f"run with --configfile {' or '.join(exact)} ({pair}, {entry['protocol']})"
+    close = [p for p in presets if same_pair(p) and p["backbone"] == entry["paper_backbone"]]
     if close:
         p = close[0]
         return (
-            f"closest preset {p['preset']} trains {p['epochs']} epochs (paper: {entry['paper_epochs']}); "
-            f"set train.epochs: {entry['paper_epochs']}"
+            f"closest preset {p['preset']} ({pair}, {entry['protocol']}) trains {p['epochs']} epochs (paper: "
+            f"{entry['paper_epochs']}); set train.epochs: {entry['paper_epochs']}"
         )
     return (
-        f"no preset: needs dataset {entry['dataset']}, backbone {entry['paper_backbone']}, "
-        f"{entry['paper_epochs']} epochs"
+        f"no preset: needs pretraining on {entry['pretrain_dataset']} and {entry['protocol']} on "
+        f"{entry['eval_dataset']}, backbone {entry['paper_backbone']}, {entry['paper_epochs']} epochs"
     )
 
 
@@ -319,7 +380,8 @@ def reproduced_vs_reported(
     for _, entry in paper.iterrows():
         ours = table[
             (table["method"] == entry["method"])
-            & (table["dataset"] == entry["dataset"])
+            & (table["pretrain_dataset"] == entry["pretrain_dataset"])
+            & (table["eval_dataset"] == entry["eval_dataset"])
             & (table["protocol"] == entry["protocol"])
             & (table["metric"] == entry["metric"])
         ]
@@ -349,7 +411,8 @@ def reproduced_vs_reported(
         rows.append(row)
     columns = [
         "method",
-        "dataset",
+        "pretrain_dataset",
+        "eval_dataset",
         "paper_backbone",
         "paper_epochs",
         "protocol",

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import REPO, tiny_suite_config
 
-from sslbench.config import ConfigError, load_config, preflight
+from sslbench.config import ConfigError, load_config, plan_runs, preflight
 
 CONFIG_DIR = REPO / "config"
 
@@ -30,7 +30,10 @@ def check(tmp_path, preset: dict) -> str:
         ({"train": {"batch_size": -4}}, "`train.batch_size`"),
         ({"train": {"batch_size": "big"}}, "not of type 'integer'"),
         ({"train": {"epocs": 3}}, "unknown key `train.epocs`"),
-        ({"dataset": {"name": "mnist"}}, "'mnist' is not one of ['digits', 'fashion_mnist'"),
+        ({"datasets": {"digits": {"name": "mnist"}}}, "'mnist' is not one of ['digits', 'fashion_mnist'"),
+        ({"dataset": {"name": "digits"}}, "datasets are now registered by label under `datasets:`"),
+        ({"pretrain": []}, "`pretrain`"),
+        ({"datasets": {"my digits": {"name": "digits"}}}, "`datasets`"),
         ({"protocols": ["knn", "svm"]}, "'svm' is not one of ['knn'"),
         ({"sedes": [0]}, "unknown key `sedes`"),
     ],
@@ -46,19 +49,36 @@ def test_default_and_every_preset_validate():
         load_config(CONFIG_DIR, [path])
 
 
+def checked_plan(cfg):
+    plan = plan_runs(cfg, REPO / "methods", ["random"])
+    preflight(cfg, plan)
+
+
 def test_unknown_backbone_is_caught_before_training():
     cfg = tiny_suite_config()
     cfg["backbone"]["name"] = "resnet_18"
     with pytest.raises(ConfigError, match=r"`backbone.name`: 'resnet_18' is not a timm model"):
-        preflight(cfg)
+        checked_plan(cfg)
 
 
 def test_missing_dataset_files_name_the_path_and_how_to_get_them(tmp_path):
     cfg = tiny_suite_config()
-    cfg["dataset"].update(name="cifar10", root=str(tmp_path / "nowhere"))
+    cfg["datasets"]["digits"].update(name="cifar10", root=str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError) as err:
-        preflight(cfg)
+        checked_plan(cfg)
+    assert "`datasets.digits`" in str(err.value)
     assert "nowhere" in str(err.value) and "download" in str(err.value)
+
+
+def test_missing_target_files_name_the_target_and_how_to_get_them(tmp_path):
+    cfg = tiny_suite_config()
+    cfg["datasets"]["places"] = {"name": "imagefolder", "root": str(tmp_path / "places205")}
+    cfg["evaluation"]["linear"] = {**cfg["evaluation"]["linear"], "targets": ["pretrain", "places"]}
+    with pytest.raises(ConfigError) as err:
+        checked_plan(cfg)
+    message = str(err.value)
+    assert "`datasets.places`" in message and str(tmp_path / "places205") in message, message
+    assert "train/<class>/<image>" in message and "Places205" in message, message
 
 
 def test_snakemake_stops_at_a_bad_config_before_any_job(tmp_path):

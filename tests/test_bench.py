@@ -39,6 +39,15 @@ def tiny_config(**overrides):
     return cfg
 
 
+def transfer_config(**overrides):
+    """tiny_config evaluated on another dataset than the pretraining set (digits at 6 px): the plan
+    then has an extract job (the pretrain job writes the pretraining set's own features)."""
+    cfg = tiny_config(**overrides)
+    cfg["datasets"]["digits6"] = {"name": "digits", "image_size": 6}
+    cfg["evaluation"]["targets"] = ["digits6"]
+    return cfg
+
+
 def bench(tmp_path, sections, **kw):
     out = tmp_path / "bench.csv"
     frame = run_bench(
@@ -152,9 +161,14 @@ def test_run_measured_reports_the_commands_own_peak_rss(tmp_path):
 
 @pytest.mark.slow
 def test_memory_rows_measure_real_jobs(tmp_path):
-    _, frame = bench(tmp_path, ["memory"], config=tiny_config(protocols=["knn"]), methods=["supervised"])
+    config = transfer_config(protocols=["knn"])
+    _, frame = bench(tmp_path, ["memory"], config=config, methods=["supervised"])
     memory = rows_of(frame, "memory")
-    assert list(memory.index) == ["pretrain supervised", "extract supervised", "evaluate supervised knn"]
+    assert list(memory.index) == [
+        "pretrain supervised",
+        "extract supervised digits6",
+        "evaluate supervised digits6 knn",
+    ]
     baseline = float(memory["notes"].iloc[0].split("peaks at ")[1].split(" MiB")[0])
     assert baseline > 100  # an interpreter that imported torch
     # Training and extraction import what the baseline imports, and more: their peak is at least the
@@ -166,7 +180,7 @@ def test_memory_rows_measure_real_jobs(tmp_path):
 
 
 def test_memory_section_runs_the_jobs_snakemake_plans(tmp_path):
-    config = tiny_config(protocols=["knn", "clustering"])
+    config = transfer_config(protocols=["knn", "clustering"])
     bench = Bench(config, None, ["supervised"], TINY, FAST, "cpu", 1, 3, tmp_path, True)
     preset = tmp_path / "one.yaml"
     preset.write_text("methods: [supervised]\nseeds: [3]\n")
@@ -182,13 +196,19 @@ def test_memory_section_runs_the_jobs_snakemake_plans(tmp_path):
     for job in jobs:
         if job.rule == "evaluate":
             protocol = job.wildcards["protocol"]
-            wildcards = {"dataset": "digits", "method": "supervised", "seed": "3", "protocol": protocol}
+            wildcards = {
+                "pretrain": "digits",
+                "method": "supervised",
+                "seed": "3",
+                "target": "digits6",
+                "protocol": protocol,
+            }
             assert job.wildcards == wildcards
             assert job.shell.startswith(f"sslbench evaluate --protocol {protocol} --features {run}/")
             assert set(job.files) == {
-                f"{run}/eval/{protocol}.json",
-                f"{run}/logs/{protocol}.log",
-                f"{run}/benchmarks/{protocol}.tsv",
+                f"{run}/eval/digits6/{protocol}.json",
+                f"{run}/logs/digits6_{protocol}.log",
+                f"{run}/benchmarks/digits6_{protocol}.tsv",
             }
 
 

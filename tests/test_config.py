@@ -8,10 +8,13 @@ from conftest import METHODS_DIR, REPO, tiny_suite_config
 
 from sslbench.config import (
     ConfigError,
-    dataset_label,
     deep_merge,
     discover_methods,
     load_config,
+    method_slug,
+    plan_runs,
+    preflight,
+    protocol_settings,
     resolve_method_config,
     resolve_runs,
     selected_methods,
@@ -74,23 +77,25 @@ def write_presets(folder):
 
 def test_load_config_merges_default_then_presets_in_order_then_overrides(tmp_path):
     presets = write_presets(tmp_path)
-    config = load_config(REPO / "config", presets, {"dataset": {"label": "mydigits"}})
+    config = load_config(REPO / "config", presets, {"datasets": {"digits": {"image_size": 12}}})
     assert config["train"]["epochs"] == 4 and config["train"]["lr"] == 0.5  # b over a, a over default
     assert config["train"]["batch_size"] == 128 and config["seeds"] == [0]  # default.yaml, a.yaml
-    assert config["dataset"] == {**load_config(REPO / "config")["dataset"], "label": "mydigits"}
-    assert dataset_label(config) == "mydigits" and dataset_label(load_config(REPO / "config")) == "digits"
+    assert config["datasets"]["digits"] == {"name": "digits", "image_size": 12}  # --config over default
+    assert config["datasets"]["fashion_mnist"] == load_config(REPO / "config")["datasets"]["fashion_mnist"]
     with pytest.raises(ConfigError, match=r"`train.epochs` \(set in \S*b\.yaml\)"):
         (tmp_path / "b.yaml").write_text("train: {epochs: 0}\n")
         load_config(REPO / "config", presets)
 
 
 def test_the_snakefile_resolves_runs_with_the_same_loader(tmp_path):
-    """Two --configfile presets and a --config override: every pretrain job's --config-json is the
-    loader's resolved settings of its (dataset, method)."""
+    """Three --configfile presets and a --config override: every pretrain job's --config-json is the
+    loader's resolved settings of its (pretraining dataset, method)."""
     presets = write_presets(tmp_path)
+    (tmp_path / "c.yaml").write_text("datasets: {mydigits: {name: digits, image_size: 8}}\n")
+    presets.append(tmp_path / "c.yaml")
     out = subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "results/table.csv", "-n", "-p"]
-        + ["--cores", "1", "--configfile", *map(str, presets), "--config", "dataset={label: mydigits}"],
+        + ["--cores", "1", "--configfile", *map(str, presets), "--config", "pretrain=[mydigits]"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -99,7 +104,124 @@ def test_the_snakefile_resolves_runs_with_the_same_loader(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     planned = re.findall(r"--config-json '(\{.*?\})' --seed", out.stdout + out.stderr)
     expected = resolve_runs(
-        load_config(REPO / "config", presets, {"dataset": {"label": "mydigits"}}), METHODS_DIR, ["random"]
+        load_config(REPO / "config", presets, {"pretrain": ["mydigits"]}), METHODS_DIR, ["random"]
     )
     assert [json.loads(p) for p in planned] == [expected["mydigits", "random"]]
     assert "results/mydigits/random/seed0/checkpoint.pt" in out.stdout
+
+
+# --------------------------------------------------------------------------- datasets, targets, variants
+
+
+def grid_config(**keys) -> dict:
+    """The tiny suite with two pretraining datasets (digits at two sizes) and ``keys`` on top."""
+    cfg = tiny_suite_config()
+    cfg["datasets"]["digits12"] = {"name": "digits", "image_size": 12}
+    cfg["pretrain"] = ["digits", "digits12"]
+    cfg.update(keys)
+    return cfg
+
+
+def test_runs_are_keyed_by_pretraining_dataset_and_method_label():
+    cfg = grid_config(
+        variants={"simclr": [{"name": "t01", "temperature": 0.1}]},
+        sweeps={"simclr": {"temperature": [0.5, 0.2], "train.lr": [0.3]}},
+    )
+    plan = plan_runs(cfg, METHODS_DIR, ["simclr", "random"])
+    labels = {"simclr", "simclr[t01]", "simclr[temperature=0.2]", "simclr[train.lr=0.3]", "random"}
+    # temperature 0.5 is methods/simclr/config.yaml's own value: the base run, not a second one
+    assert set(plan.runs) == {(p, m) for p in ("digits", "digits12") for m in labels}
+    run = plan.runs["digits12", "simclr[temperature=0.2]"]
+    assert run["params"]["temperature"] == 0.2 and run["dataset"]["image_size"] == 12
+    assert run["method"] == "simclr[temperature=0.2]" and run["method_base"] == "simclr"
+    assert run["variant"] == {"temperature": 0.2}
+    lr_run = plan.runs["digits", "simclr[train.lr=0.3]"]
+    assert lr_run["train"]["lr"] == 0.3 and lr_run["params"] == plan.runs["digits", "simclr"]["params"]
+    assert plan.runs["digits", "simclr[t01]"]["params"]["temperature"] == 0.1
+    assert plan.runs["digits", "simclr"]["variant"] == {}
+
+
+def test_a_variant_folder_name_is_found_by_glob_and_by_snakemake_as_itself(tmp_path):
+    """Path.glob reads `[` as a character class and snakemake `{` as a wildcard: the folder name of
+    a label has neither, nor spaces, and each label has its own folder."""
+    labels = ["moco", "moco[queue_size=256]", "moco[crop_scale=[0.2, 1.0],name=a b]", "moco[m09]"]
+    slugs = [method_slug(label) for label in labels]
+    assert slugs[:2] == ["moco", "moco@queue_size=256"] and len(set(slugs)) == len(labels)
+    for slug in slugs:
+        assert not set(slug) & set("[]*?{} /\\"), slug
+        (tmp_path / slug).mkdir()
+    for slug in slugs:
+        assert list(tmp_path.glob(slug)) == [tmp_path / slug]
+
+
+@pytest.mark.parametrize(
+    "keys, key, words",
+    [
+        (
+            {"sweeps": {"simclr": {"temprature": [0.1]}}},
+            "sweeps.simclr.temprature",
+            ["no setting 'temprature'"],
+        ),
+        ({"sweeps": {"simclr": {"train.lrr": [0.1]}}}, "sweeps.simclr.train.lrr", ["unknown key(s) ['lrr']"]),
+        ({"sweeps": {"simclr": {"temperature": []}}}, "sweeps.simclr.temperature", ["empty list"]),
+        ({"sweeps": {"mocoo": {"temperature": [0.1]}}}, "sweeps", ["mocoo", "simclr"]),
+        (
+            {"variants": {"simclr": [{"temperature": 0.2}, {"name": "again", "temperature": 0.2}]}},
+            "variants.simclr[1]",
+            ["simclr[again]", "simclr[temperature=0.2]", "same settings"],
+        ),
+        ({"variants": {"simclr": [{"temperature": 0.5}]}}, "variants.simclr[0]", ["same settings as simclr"]),
+        ({"variants": {"simclr": [{"name": "x"}]}}, "variants.simclr[0]", ["at least one setting"]),
+        ({"pretrain": ["digitz"]}, "pretrain", ["digitz", "digits12"]),
+        ({"evaluation": {"targets": ["pretrain", "mnist"]}}, "evaluation.targets", ["'mnist'", "digits12"]),
+        (
+            {"evaluation": {"knn": {"targets": ["voc"]}}},
+            "evaluation.knn.targets",
+            ["voc (voc07) is multi-label", "['lowshot_svm']", "Remove voc"],
+        ),
+    ],
+)
+def test_bad_grid_keys_are_named_with_the_method_or_dataset_and_the_fix(keys, key, words):
+    cfg = grid_config(**keys)
+    cfg["datasets"]["voc"] = {"name": "voc07", "root": "/nowhere"}
+    with pytest.raises(ConfigError) as err:
+        plan_runs(cfg, METHODS_DIR, ["simclr", "random"], check_files=False)
+    message = str(err.value)
+    assert f"`{key}`" in message, message
+    for word in words:
+        assert word in message, message
+
+
+def test_targets_per_protocol_and_the_pretraining_set_itself():
+    cfg = grid_config()
+    cfg["evaluation"] = {
+        **cfg["evaluation"],
+        "targets": ["pretrain", "digits12"],
+        "knn": {**cfg["evaluation"]["knn"], "targets": ["digits"]},
+    }
+    cfg["datasets"]["voc"] = {"name": "voc07", "root": "/nowhere"}
+    cfg["evaluation"]["lowshot_svm"] = {**cfg["evaluation"]["lowshot_svm"], "targets": ["pretrain", "voc"]}
+    plan = plan_runs(cfg, METHODS_DIR, ["random"], check_files=False)
+    assert plan.targets["digits", "linear"] == ["digits", "digits12"]
+    assert plan.targets["digits12", "linear"] == ["digits12"]  # `pretrain` is digits12 itself: once
+    assert plan.targets["digits", "knn"] == plan.targets["digits12", "knn"] == ["digits"]
+    assert plan.targets["digits", "lowshot_svm"] == ["digits", "voc"]  # multi-label: lowshot_svm only
+    assert "results/digits12/random/seed0/eval/digits/knn.json" in plan.result_files([0])
+    assert protocol_settings(cfg, "knn") == {"variants": cfg["evaluation"]["knn"]["variants"]}
+
+
+def test_an_absent_optional_target_is_skipped_saying_how_to_install_it(tmp_path, monkeypatch):
+    from sslbench import datafiles
+
+    monkeypatch.setattr(datafiles, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "absent")
+    cfg = tiny_suite_config()
+    cfg["evaluation"]["targets"] = ["pretrain", "fashion_mnist"]
+    plan = plan_runs(cfg, METHODS_DIR, ["random"])
+    assert "apt-get install dataset-fashion-mnist" in plan.skipped["fashion_mnist"]
+    assert all(targets == ["digits"] for targets in plan.targets.values())  # the rest is planned
+    cfg["datasets"]["fashion_mnist"]["optional"] = False  # required: a clear error before any job
+    plan = plan_runs(cfg, METHODS_DIR, ["random"])
+    with pytest.raises(
+        ConfigError, match=r"`datasets.fashion_mnist`: fashion_mnist: dataset files not found"
+    ):
+        preflight(cfg, plan)

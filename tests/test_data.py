@@ -13,7 +13,7 @@ import torch
 from conftest import require
 from PIL import Image
 
-from sslbench import data
+from sslbench import data, datafiles
 from sslbench.data import DATASETS, Dataset, DatasetError, ImageSet, load_dataset
 
 RNG = np.random.default_rng(0)
@@ -180,7 +180,7 @@ def test_fashion_mnist_bad_magic_names_path(tmp_path):
 
 def test_fashion_mnist_missing_files_say_where_and_how(tmp_path, monkeypatch):
     empty_system_dir = tmp_path / "system"
-    monkeypatch.setattr(data, "FASHION_MNIST_SYSTEM_DIR", empty_system_dir)
+    monkeypatch.setattr(datafiles, "FASHION_MNIST_SYSTEM_DIR", empty_system_dir)
     root = tmp_path / "mine"
     root.mkdir()
     (root / "train-images-idx3-ubyte").write_bytes(b"")  # only one of four
@@ -193,7 +193,7 @@ def test_fashion_mnist_missing_files_say_where_and_how(tmp_path, monkeypatch):
 
 
 def test_fashion_mnist_real_debian_files():
-    files = data.FASHION_MNIST_SYSTEM_DIR / "train-images-idx3-ubyte.gz"
+    files = datafiles.FASHION_MNIST_SYSTEM_DIR / "train-images-idx3-ubyte.gz"
     require(
         "fashion_mnist",
         None if files.exists() else f"{files} is absent (apt-get install dataset-fashion-mnist)",

@@ -51,7 +51,9 @@ def test_paper_yaml_with_missing_fields_is_named_before_training(tmp_path):
         "from sslbench import Method\nclass M(Method):\n    def training_loss(self, v, l, i):\n   "
         "     return 0\n"
     )
-    (folder / "paper.yaml").write_text("results:\n  - {dataset: imagenet, backbone: resnet50, value: 0.6}\n")
+    (folder / "paper.yaml").write_text(
+        "results:\n  - {pretrain_dataset: imagenet, eval_dataset: voc07, backbone: resnet50, value: 0.6}\n"
+    )
     problems = method_problems(tmp_path)
     assert list(problems) == ["m"]
     assert "paper.yaml: results[0] lacks ['epochs', 'protocol', 'metric', 'source']" in problems["m"]

@@ -30,6 +30,9 @@ from sslbench.results import side_file
 from sslbench.stats import HEADLINE
 
 DATASET = "digits"
+TARGET = "fashion_mnist"  # a transfer target of the digits runs: knn and linear of alpha and beta only
+PAIR_ID = f"{DATASET}_to_{TARGET}"
+TRANSFER = {"alpha": -0.2, "beta": -0.1}  # offsets on the target: beta transfers better
 CLASSES = 4
 # method -> (seeds, offset of its metrics); pcl has one seed (n=1) and no semisup results
 METHODS = {"alpha": ([0, 1, 2], 0.10), "beta": ([0, 1, 2], 0.0), "pcl": ([0], 0.05)}
@@ -67,18 +70,22 @@ def write_results(root: Path) -> Path:
             folder.mkdir(parents=True)
             write_run(folder, method, seed, offset, rng)
             k_shift = rng.normal(0, 0.01)
-            for protocol, metrics in PROTOCOL_METRICS.items():
+            evaluations = [(DATASET, protocol, offset) for protocol in PROTOCOL_METRICS]
+            if method in TRANSFER:
+                evaluations += [(TARGET, protocol, TRANSFER[method]) for protocol in ("knn", "linear")]
+            for target, protocol, shift in evaluations:
                 if protocol == "semisup" and method == "pcl":
                     continue
-                for metric in metrics:
+                for metric in PROTOCOL_METRICS[protocol]:
                     rows.append(
                         {
-                            "dataset": DATASET,
+                            "pretrain_dataset": DATASET,
+                            "eval_dataset": target,
                             "method": method,
                             "seed": seed,
                             "protocol": protocol,
                             "metric": metric,
-                            "value": metric_value(rng, offset, protocol, metric, k_shift),
+                            "value": metric_value(rng, shift, protocol, metric, k_shift),
                             "augment": "{}",
                             "backbone": "test_resnet",
                             "batch_size": 64,
@@ -142,9 +149,11 @@ def write_run(folder: Path, method: str, seed: int, offset: float, rng) -> None:
         features[split] = (centres[labels] + rng.normal(0, 0.3, (size, 16))).astype(np.float32)
         features[f"{split}_labels"] = labels
     features = {**features, "num_classes": CLASSES, "meta": {"seed": seed}}
-    save_features(folder / "features.npz", features)
+    save_features(folder / "features" / f"{DATASET}.npz", features)
     # the clustering protocol itself writes what the report's t-SNE and k-means figures draw
-    clustering.evaluate(features, {}, seed, side_file=side_file(folder / "eval" / "clustering.json"))
+    clustering.evaluate(
+        features, {}, seed, side_file=side_file(folder / "eval" / DATASET / "clustering.json")
+    )
     if method == "pcl":  # E-step assignments of two clusterings, as PCL keeps them in its method state
         assign = torch.stack([torch.arange(80) % 4, torch.arange(80) % 8])
         torch.save(
@@ -160,7 +169,8 @@ def write_methods_and_presets(root: Path) -> tuple[Path, Path]:
     paper = {
         "results": [
             {
-                "dataset": DATASET,
+                "pretrain_dataset": DATASET,
+                "eval_dataset": DATASET,
                 "backbone": "test_resnet",
                 "epochs": EPOCHS,
                 "protocol": "knn",
@@ -169,7 +179,8 @@ def write_methods_and_presets(root: Path) -> tuple[Path, Path]:
                 "source": "Table 1",
             },
             {
-                "dataset": "cifar10",
+                "pretrain_dataset": "cifar10",
+                "eval_dataset": "cifar10",
                 "backbone": "resnet18",
                 "epochs": 800,
                 "protocol": "linear",
@@ -178,11 +189,12 @@ def write_methods_and_presets(root: Path) -> tuple[Path, Path]:
                 "source": "Table 2",
             },
             {
-                "dataset": "imagenet",
+                "pretrain_dataset": "imagenet",
+                "eval_dataset": "voc07",
                 "backbone": "resnet50",
                 "epochs": 200,
-                "protocol": "linear",
-                "metric": "top1",
+                "protocol": "lowshot_svm",
+                "metric": "map_k1_mean",
                 "value": 0.7,
                 "source": "Table 3",
             },
@@ -196,7 +208,13 @@ def write_methods_and_presets(root: Path) -> tuple[Path, Path]:
     shutil.copy(REPO / "config" / "default.yaml", config / "default.yaml")
     (config / "cifar10.yaml").write_text(
         yaml.safe_dump(
-            {"dataset": {"name": "cifar10"}, "backbone": {"name": "resnet18"}, "train": {"epochs": 800}}
+            {
+                "datasets": {"cifar10": {"name": "cifar10"}},
+                "pretrain": ["cifar10"],
+                "evaluation": {"targets": ["pretrain"]},
+                "backbone": {"name": "resnet18"},
+                "train": {"epochs": 800},
+            }
         )
     )
     return methods, config
@@ -281,6 +299,8 @@ def csv(report, name):
 FIGURES = ["bars", "lowshot", "training", "tsne", "kmeans", "estep"]
 TABLES = [
     f"table-headline-{DATASET}",
+    f"table-headline-{PAIR_ID}",
+    f"table-targets-{DATASET}",
     "table-reproduced",
     "table-comparisons",
     "table-cost",
@@ -292,11 +312,15 @@ TABLES = [
 
 def test_every_table_and_figure_is_on_the_page_and_in_figures(report, page):
     assert set(TABLES) <= set(page.tables)
-    assert page.figures == [f"fig-{kind}-{DATASET}" for kind in FIGURES]
-    for kind, src in zip(FIGURES, page.images):
+    # the transfer pair has bar charts only: no low-shot, no clustering, no training of its own
+    drawn = [(DATASET, kind) for kind in FIGURES] + [(PAIR_ID, "bars")]
+    assert page.figures == [f"fig-{kind}-{pair}" for pair, kind in drawn]
+    for kind in ("lowshot", "tsne", "kmeans"):
+        assert f'id="fig-{kind}-{PAIR_ID}-absent"' in report["html"]
+    for (pair, kind), src in zip(drawn, page.images, strict=True):
         assert src.startswith("data:image/png;base64,")
         png = base64.b64decode(src.split(",", 1)[1])
-        assert png == (report["out"] / "figures" / f"{DATASET}_{kind}.png").read_bytes()
+        assert png == (report["out"] / "figures" / f"{pair}_{kind}.png").read_bytes()
         pixels = mpimg.imread(bytes_io.BytesIO(png))
         assert pixels.shape[0] > 150 and pixels.shape[1] > 250 and pixels.std() > 0.05, kind
     for name in ("summary", "comparisons", "reproduced", "cost", "environment"):
@@ -313,10 +337,13 @@ def test_no_table_cell_shows_nan(page):
     assert not [c for c in cells if re.search(r"\bnan\b|\binf\b", c, re.I)]
 
 
-def test_headline_cells_equal_summary_csv_and_best_is_bold(report, page):
-    summary = csv(report, "summary").set_index(["method", "protocol", "metric"])
-    rows = records(page, f"table-headline-{DATASET}")
-    assert [r["method"][0] for r in rows] == sorted(METHODS)
+@pytest.mark.parametrize("target", [DATASET, TARGET])
+def test_headline_cells_equal_summary_csv_and_best_is_bold(report, page, target):
+    """One headline table per (pretraining, evaluation) dataset pair, each from its own rows."""
+    summary = csv(report, "summary")
+    summary = summary[summary["eval_dataset"] == target].set_index(["method", "protocol", "metric"])
+    rows = records(page, f"table-headline-{DATASET if target == DATASET else PAIR_ID}")
+    assert [r["method"][0] for r in rows] == sorted(METHODS if target == DATASET else TRANSFER)
     for label, protocol, metric in HEADLINE:
         present = [m for m in METHODS if (m, protocol, metric) in summary.index]
         best = max(present, key=lambda m: summary.loc[(m, protocol, metric), "mean"]) if present else None
@@ -338,6 +365,8 @@ def test_headline_cells_equal_summary_csv_and_best_is_bold(report, page):
 
 def test_table_md_bolds_the_best_and_states_the_settings(report):
     text = (report["out"] / "table.md").read_text()
+    assert text.startswith(f"### {DATASET}\n") and f"### {DATASET} → {TARGET}\n" in text
+    text = text.split("\n### ")[0]  # the digits headline
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["method"] + [label for label, _, _ in HEADLINE]
@@ -359,10 +388,13 @@ def test_summary_table_equals_summary_csv_and_table_csv(report, page):
     summary = csv(report, "summary")
     table = pd.read_csv(report["results"] / "table.csv")
     rows = records(page, "table-summary")
-    assert len(rows) == len(summary) == len(table.groupby(["method", "protocol", "metric"]))
+    keys = ["pretrain_dataset", "eval_dataset", "method", "protocol", "metric"]
+    assert len(rows) == len(summary) == len(table.groupby(keys))
     for row, (_, expected) in zip(rows, summary.iterrows()):
+        assert row["eval_dataset"][0] == expected["eval_dataset"]
         values = table[
-            (table["method"] == expected["method"])
+            (table["eval_dataset"] == expected["eval_dataset"])
+            & (table["method"] == expected["method"])
             & (table["metric"] == expected["metric"])
             & (table["protocol"] == expected["protocol"])
         ]["value"]
@@ -394,17 +426,24 @@ def test_comparisons_cover_headline_metrics_and_equal_their_csv(report, page):
             assert row["p (paired t)"][0] == "—" and expected["verdict"] == "untested (n < 2)"
     knn = comparisons[
         (comparisons["metric"] == "top1_k200_t0.1")
+        & (comparisons["eval_dataset"] == DATASET)
         & (comparisons["method_a"] == "alpha")
         & (comparisons["method_b"] == "beta")
     ].iloc[0]
     assert knn["verdict"] == "alpha > beta"  # 0.10 apart, seed noise 0.01
+    transfer = comparisons[(comparisons["eval_dataset"] == TARGET) & (comparisons["metric"] == "top1")]
+    assert list(transfer["verdict"]) == ["beta > alpha"]  # compared within the pair only
 
 
 def test_reproduced_vs_reported_table(report, page):
     reproduced = csv(report, "reproduced")
     table = pd.read_csv(report["results"] / "table.csv")
     assert list(reproduced["method"]) == ["alpha"] * 3  # the _template folder is skipped
-    ours = table[(table["method"] == "alpha") & (table["metric"] == "top1_k200_t0.1")]["value"]
+    ours = table[
+        (table["method"] == "alpha")
+        & (table["metric"] == "top1_k200_t0.1")
+        & (table["eval_dataset"] == DATASET)
+    ]["value"]
     same = reproduced.iloc[0]
     assert math.isclose(same["ours"], ours.mean()) and same["n"] == 3
     assert math.isclose(same["gap"], ours.mean() - 0.55)
@@ -427,7 +466,9 @@ def test_cost_table_equals_cost_csv_and_run_json(report, page):
     assert math.isclose(cost.loc["beta", "peak_gpu_memory_mib"], 5.0) and pd.isna(
         cost.loc["alpha", "peak_gpu_memory_mib"]
     )
-    assert math.isclose(cost.loc["alpha", "eval_wall_time_s"], 5 * 2.5)  # five protocols, 1.5 + seed each
+    # five protocols on digits and two on the transfer target, 1.5 + seed each
+    assert math.isclose(cost.loc["alpha", "eval_wall_time_s"], 7 * 2.5)
+    assert math.isclose(cost.loc["pcl", "eval_wall_time_s"], 4 * 1.5)  # no semisup
     for row in records(page, "table-cost"):
         expected = cost.loc[row["method"][0]]
         assert close(row["training wall time (s)"][0], expected["train_wall_time_s"], 1, 1)
@@ -457,7 +498,7 @@ def test_cluster_sizes_sorted_and_complete():
 
 def test_kmeans_figure_shows_the_clustering_protocols_own_run_and_says_which(report):
     runs = read_runs(report["results"], pd.read_csv(report["results"] / "table.csv"))
-    sides = {r.method: read_clustering_side_file(r) for r in first_seed_runs(runs, DATASET)}
+    sides = {r.method: read_clustering_side_file(r, DATASET) for r in first_seed_runs(runs, DATASET)}
     assert set(sides) == set(METHODS)
     for method, sizes in kmeans_sizes(sides):
         first_restart = sides[method]["assignments"][0]  # what the protocol scored in its first restart
@@ -466,6 +507,32 @@ def test_kmeans_figure_shows_the_clustering_protocols_own_run_and_says_which(rep
         f"{DATASET}: cluster sizes of the clustering protocol's faiss k-means on test features "
         "(k = 4, 50 iterations, best of 1, every test point, restart 1 of 5)"
     )
+
+
+def test_methods_by_targets_matrix_equals_summary_csv(report, page):
+    """kNN top-1 of every method on every target of the digits runs: the pretraining set's own column
+    first, "—" where a method was not evaluated on a target, the best of each column in bold."""
+    summary = csv(report, "summary")
+    knn = summary[summary["metric"] == "top1_k200_t0.1"].set_index(["method", "eval_dataset"])
+    rows = records(page, f"table-targets-{DATASET}")
+    assert list(rows[0]) == ["method", DATASET, TARGET]
+    assert [r["method"][0] for r in rows] == sorted(METHODS)
+    for target in (DATASET, TARGET):
+        present = [m for m in METHODS if (m, target) in knn.index]
+        best = max(present, key=lambda m: knn.loc[(m, target), "mean"])
+        for row in rows:
+            method, (text, bold) = row["method"][0], row[target]
+            if method not in present:
+                assert text == "—" and not bold and target == TARGET and method == "pcl"
+                continue
+            assert close(
+                text.partition(" ± ")[0].removesuffix(" (n=1)"), knn.loc[(method, target), "mean"], 100, 2
+            )
+            assert bold == (method == best), (target, method)
+    assert "beta" == max(TRANSFER, key=TRANSFER.get)  # on the target beta is best, on digits alpha
+    markdown = (report["out"] / "table.md").read_text()
+    assert f"### kNN top-1 (k200_t0.1), pretrained on {DATASET}, on every target" in markdown
+    assert f"| method | {DATASET} | {TARGET} |" in markdown
 
 
 def test_missing_inputs_name_the_file(tmp_path, report):

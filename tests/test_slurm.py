@@ -28,7 +28,7 @@ RESOURCES = {
     "extract": {"threads": 1, "gpus": 0, "mem_mb": 1100, "runtime": 6},
     "evaluate": {"threads": 2, "gpus": 0, "mem_mb": 1200, "runtime": 5},
 }
-TABLE_KEYS = ["dataset", "method", "seed", "protocol", "metric"]
+TABLE_KEYS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol", "metric"]
 
 
 def workflow_copy(root: Path, resources: dict = RESOURCES) -> Path:
@@ -39,6 +39,9 @@ def workflow_copy(root: Path, resources: dict = RESOURCES) -> Path:
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = tiny_suite_config()
     cfg.update(methods=["simclr", "random"], seeds=[0], protocols=["knn"], resources=resources)
+    # evaluated on another target than the pretraining set, so that extract jobs go through the queue
+    cfg["datasets"]["digits6"] = {"name": "digits", "image_size": 6}
+    cfg["evaluation"]["targets"] = ["digits6"]
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     return root
 

@@ -25,11 +25,22 @@ from sslbench.stats import (
 T975 = {2: 4.302652729911275, 4: 2.7764451051977987}  # Student t 0.975 quantiles (tables)
 
 
-def long_table(values: dict, dataset="digits", protocol="knn", metric="top1_k200_t0.1") -> pd.DataFrame:
-    """{method: [value per seed]} as table.csv rows."""
+def long_table(
+    values: dict, dataset="digits", protocol="knn", metric="top1_k200_t0.1", target=None
+) -> pd.DataFrame:
+    """{method: [value per seed]} as table.csv rows, pretrained on ``dataset`` and evaluated on
+    ``target`` (default: the same dataset)."""
     return pd.DataFrame(
         [
-            {"dataset": dataset, "method": m, "seed": s, "protocol": protocol, "metric": metric, "value": v}
+            {
+                "pretrain_dataset": dataset,
+                "eval_dataset": target or dataset,
+                "method": m,
+                "seed": s,
+                "protocol": protocol,
+                "metric": metric,
+                "value": v,
+            }
             for m, vs in values.items()
             for s, v in enumerate(vs)
         ]
@@ -47,7 +58,9 @@ def test_summary_by_hand():
     b = summary.loc["b"]  # one seed: no spread, and none is invented
     assert b["mean"] == 0.5 and b["n"] == 1 and math.isnan(b["std"]) and math.isnan(b["ci95"])
     # a CSV shows the missing std and ci95 as empty cells, never "nan"
-    assert "digits,b,knn,top1_k200_t0.1,0.5,,,1" in summarise(long_table({"b": [0.5]})).to_csv(index=False)
+    assert "digits,digits,b,knn,top1_k200_t0.1,0.5,,,1" in summarise(long_table({"b": [0.5]})).to_csv(
+        index=False
+    )
 
 
 def test_summary_groups_on_random_tables():
@@ -77,7 +90,8 @@ def test_ci95_covers_the_true_mean_95_percent_of_the_time():
     values = rng.normal(0.7, 0.05, size=(groups, seeds))
     table = pd.DataFrame(
         {
-            "dataset": "d",
+            "pretrain_dataset": "d",
+            "eval_dataset": "d",
             "method": np.repeat([f"m{i}" for i in range(groups)], seeds),
             "seed": np.tile(np.arange(seeds), groups),
             "protocol": "knn",
@@ -158,7 +172,8 @@ def headline_summary():
             seeds = [0] if protocol == "clustering" else [0, 1]
             rows += [
                 {
-                    "dataset": "digits",
+                    "pretrain_dataset": "digits",
+                    "eval_dataset": "digits",
                     "method": method,
                     "seed": s,
                     "protocol": protocol,
@@ -189,11 +204,35 @@ def test_best_per_column_ties_at_display_precision():
     assert best_methods(headline_stats(headline_summary())["mean"])["kNN top-1 (k200_t0.1)"] == {"pcl"}
 
 
-def test_headline_refuses_to_mix_datasets():
-    summary = pd.concat([headline_summary(), headline_summary().assign(dataset="cifar10")])
-    with pytest.raises(TableError, match="several datasets"):
+def test_headline_refuses_to_mix_dataset_pairs():
+    transfer = headline_summary().assign(eval_dataset="fashion_mnist", mean=lambda s: s["mean"] - 0.3)
+    summary = pd.concat([headline_summary(), transfer])
+    with pytest.raises(TableError, match=r"several dataset pairs \['digits', 'digits → fashion_mnist'\]"):
         headline_table(summary)
-    assert headline_table(summary, dataset="cifar10").shape == (2, len(HEADLINE))
+    assert headline_table(summary, pair=("digits", "fashion_mnist")).loc["moco", "AMI"] == "20.00 (n=1)"
+    assert headline_table(summary, pair=("digits", "digits")).loc["moco", "AMI"] == "50.00 (n=1)"
+
+
+def test_a_method_is_summarised_and_compared_within_each_dataset_pair():
+    """The same (method, seed, protocol, metric) on two targets and two pretraining sets: four groups,
+    and the paired test pairs seeds within a pair only."""
+    table = pd.concat(
+        [
+            long_table({"a": [0.5, 0.6], "b": [0.4, 0.45]}),
+            long_table({"a": [0.2, 0.3], "b": [0.3, 0.41]}, target="fashion_mnist"),
+            long_table({"a": [0.7, 0.8], "b": [0.1, 0.1]}, dataset="fashion_mnist"),
+            long_table({"a": [0.1, 0.1]}, dataset="fashion_mnist", target="digits"),
+        ]
+    )
+    summary = summarise(table).set_index(["pretrain_dataset", "eval_dataset", "method"])["mean"]
+    assert math.isclose(summary["digits", "digits", "a"], 0.55)
+    assert math.isclose(summary["digits", "fashion_mnist", "a"], 0.25)
+    assert math.isclose(summary["fashion_mnist", "fashion_mnist", "a"], 0.75)
+    assert len(summary) == 7
+    out = paired_comparison(table, "knn", "top1_k200_t0.1").set_index(["pretrain_dataset", "eval_dataset"])
+    assert len(out) == 3  # fashion_mnist -> digits has one method: no pair
+    assert math.isclose(out.loc[("digits", "fashion_mnist"), "mean_diff"], -0.105)
+    assert math.isclose(out.loc[("digits", "digits"), "mean_diff"], 0.125)
 
 
 # --------------------------------------------------------------------------- reproduced vs reported
@@ -203,25 +242,28 @@ def dirs(tmp_path):
     (methods / "moco").mkdir(parents=True)
     (methods / "moco" / "config.yaml").write_text(yaml.safe_dump({"train": {"epochs": 200}}))
     entries = [
-        ("digits", "test_resnet", 200, 0.8),
-        ("cifar10", "resnet18", 200, 0.9),
-        ("cifar10", "resnet18", 800, 0.92),
-        ("stl10", "resnet50", 100, 0.7),
+        ("digits", "digits", "test_resnet", 200, "linear", 0.8),
+        ("cifar10", "cifar10", "resnet18", 200, "linear", 0.9),
+        ("cifar10", "cifar10", "resnet18", 800, "linear", 0.92),
+        ("stl10", "stl10", "resnet50", 100, "linear", 0.7),
+        ("cifar10", "voc07", "resnet18", 200, "lowshot_svm", 0.5),
+        ("cifar10", "voc07", "resnet18", 200, "linear", 0.6),  # the preset runs only lowshot_svm on voc07
     ]
     (methods / "moco" / "paper.yaml").write_text(
         yaml.safe_dump(
             {
                 "results": [
                     {
-                        "dataset": d,
+                        "pretrain_dataset": d,
+                        "eval_dataset": t,
                         "backbone": b,
                         "epochs": e,
-                        "protocol": "linear",
+                        "protocol": p,
                         "metric": "top1",
                         "value": v,
                         "source": f"Table {i}",
                     }
-                    for i, (d, b, e, v) in enumerate(entries)
+                    for i, (d, t, b, e, p, v) in enumerate(entries)
                 ]
             }
         )
@@ -230,7 +272,14 @@ def dirs(tmp_path):
     shutil.copy(REPO / "config" / "default.yaml", config / "default.yaml")
     shutil.copy(REPO / "config" / "schema.yaml", config / "schema.yaml")
     (config / "cifar10.yaml").write_text(
-        yaml.safe_dump({"dataset": {"name": "cifar10"}, "backbone": {"name": "resnet18"}})
+        yaml.safe_dump(
+            {
+                "datasets": {"cifar10": {"name": "cifar10"}, "voc07": {"name": "voc07", "optional": True}},
+                "pretrain": ["cifar10"],
+                "evaluation": {"targets": ["pretrain"], "lowshot_svm": {"targets": ["pretrain", "voc07"]}},
+                "backbone": {"name": "resnet18"},
+            }
+        )
     )
     return methods, config
 
@@ -244,18 +293,31 @@ def test_reproduced_vs_reported(dirs):
         backbone="resnet50", epochs=5
     )  # not the paper's 100 epochs: not comparable
     out = reproduced_vs_reported(pd.concat([table, other_epochs]), methods, config)
-    assert list(out["source"]) == ["Table 0", "Table 1", "Table 2", "Table 3"]
+    assert list(out["source"]) == [f"Table {i}" for i in range(6)]
     digits = out.iloc[0]
     assert math.isclose(digits["ours"], 0.72) and math.isclose(digits["gap"], 0.72 - 0.8) and digits["n"] == 2
     assert math.isclose(digits["std"], np.std([0.7, 0.74], ddof=1)) and digits["reproduce"] == ""
     # the method's own config.yaml sets 200 epochs, so config/cifar10.yaml reproduces the 200-epoch number
-    assert out.iloc[1]["reproduce"] == "run with --configfile config/cifar10.yaml" and out.iloc[1]["n"] == 0
-    assert "closest preset config/cifar10.yaml trains 200 epochs (paper: 800)" in out.iloc[2]["reproduce"]
+    assert out.iloc[1]["reproduce"] == "run with --configfile config/cifar10.yaml (cifar10, linear)"
+    assert out.iloc[1]["n"] == 0
+    assert out.iloc[2]["reproduce"] == (
+        "closest preset config/cifar10.yaml (cifar10, linear) trains 200 epochs (paper: 800); "
+        "set train.epochs: 800"
+    )
     assert out.iloc[3]["reproduce"].startswith("no preset") and math.isnan(out.iloc[3]["ours"])
+    # a transfer number: the preset that pretrains on cifar10 and runs the protocol on voc07
+    assert (
+        out.iloc[4]["reproduce"] == "run with --configfile config/cifar10.yaml (cifar10 → voc07, lowshot_svm)"
+    )
+    assert out.iloc[5]["reproduce"] == (
+        "no preset: needs pretraining on cifar10 and linear on voc07, backbone resnet18, 200 epochs"
+    )
 
 
 def test_paper_yaml_entry_without_a_key_is_named(dirs):
     methods, config = dirs
-    (methods / "moco" / "paper.yaml").write_text(yaml.safe_dump({"results": [{"dataset": "digits"}]}))
+    (methods / "moco" / "paper.yaml").write_text(
+        yaml.safe_dump({"results": [{"pretrain_dataset": "digits"}]})
+    )
     with pytest.raises(ConfigError, match=r"moco/paper.yaml: results\[0\] lacks"):
         reproduced_vs_reported(long_table({"moco": [0.7]}), methods, config)

@@ -42,7 +42,7 @@ def sources(*folders: str) -> list[Path]:
 # README.md's module map, lowest layer first: a module imports only its own row and rows above.
 LAYERS = [
     ["errors", "atomic", "provenance"],
-    ["kmeans", "featurefile"],
+    ["kmeans", "featurefile", "datafiles"],
     ["data", "batches"],
     ["augment", "backbones", "distributed"],
     ["sslbench", "method", "momentum", "losses", "clustering", "plugins"],  # sslbench: the package itself

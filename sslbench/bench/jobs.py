@@ -103,8 +103,9 @@ def planned_jobs(bench: Bench, directory: Path, *presets: Path, target: str) -> 
 
 
 def bench_memory(bench: Bench) -> list[dict]:
-    """Peak memory of one (method, seed)'s jobs, pretrain, extract and every protocol, each run alone
-    as snakemake plans it, against what each rule declares (config ``resources``)."""
+    """Peak memory of one (method, seed)'s jobs, pretrain, extract (of each transfer target) and every
+    protocol on every target, each run alone as snakemake plans it, against what each rule declares
+    (config ``resources``)."""
     env = child_env()
     _, baseline = run_measured(
         [sys.executable, "-c", "import torch, sslbench.engine, evaluation.common"],
@@ -116,15 +117,19 @@ def bench_memory(bench: Bench) -> list[dict]:
     preset.write_text(yaml.safe_dump({"methods": [name], "seeds": [bench.seed]}))
     directory = bench.workdir / "memory"
     planned = planned_jobs(bench, directory, preset, target="results/table.csv")
-    jobs = {(job.rule, job.wildcards.get("protocol")): job for job in planned}
+    # In the order they must run: the pretrain job (it also writes the pretraining set's features),
+    # the extraction of each other evaluation target, each protocol on each target.
+    order = {"pretrain": 0, "extract": 1, "evaluate": 2}
+    jobs = sorted(
+        (job for job in planned if job.rule in order),
+        key=lambda job: (order[job.rule], job.wildcards.get("target", ""), job.wildcards.get("protocol", "")),
+    )
     rows = []
-    for rule, protocol in [("pretrain", None), ("extract", None)] + [
-        ("evaluate", p) for p in bench.config.get("protocols", [])
-    ]:
-        job = jobs[rule, protocol]
+    for job in jobs:
+        rule, target, protocol = job.rule, job.wildcards.get("target"), job.wildcards.get("protocol")
         for file in job.files:  # as snakemake does before it runs a job
             (directory / file).parent.mkdir(parents=True, exist_ok=True)
-        label = " ".join(filter(None, (rule, name, protocol)))
+        label = " ".join(filter(None, (rule, name, target, protocol)))
         wall, peak = run_measured(
             ["bash", "-c", job.shell],
             bench.workdir / "logs" / f"{label.replace(' ', '_')}.log",

@@ -28,5 +28,5 @@ def build_report(
     runs = read_runs(results_dir, table)
     tables = compute_tables(table, runs, results_dir, methods_dir, config_dir)
     write_tables(tables, out_dir)
-    figures = {d: draw_figures(d, tables, runs, out_dir / "figures") for d in tables.datasets}
+    figures = {pair: draw_figures(pair, tables, runs, out_dir / "figures") for pair in tables.pairs}
     return atomic.write_text(out_dir / "report.html", render_page(tables, figures, runs))

@@ -15,7 +15,7 @@ import pandas as pd
 
 from .. import atomic
 from ..results import side_file
-from ..stats import HEADLINE, headline_stats
+from ..stats import HEADLINE, headline_stats, pair_id, pair_name
 from .tables import Run, Tables, first_seed_runs
 
 MAX_ESTEP_PANELS = 6
@@ -28,45 +28,69 @@ class Figure:
     png: bytes | None  # None: no data for it
 
 
-def draw_figures(dataset: str, tables: Tables, runs: list[Run], figures_dir: Path) -> list[Figure]:
-    """Every figure of one dataset, written to ``figures_dir/<dataset>_<kind>.png``."""
-    colours = method_colours(sorted(tables.table.loc[tables.table["dataset"] == dataset, "method"].unique()))
-    firsts = first_seed_runs(runs, dataset)
-    sides = {r.method: read_clustering_side_file(r) for r in firsts}
+def draw_figures(pair: tuple[str, str], tables: Tables, runs: list[Run], figures_dir: Path) -> list[Figure]:
+    """Every figure of one (pretraining, evaluation) dataset pair, written to
+    ``figures_dir/<pair id>_<kind>.png``; the training figures (curves, E-step) with the pretraining
+    set's own pair only."""
+    pretrain, target = pair
+    rows = tables.table[
+        (tables.table["pretrain_dataset"] == pretrain) & (tables.table["eval_dataset"] == target)
+    ]
+    colours = method_colours(sorted(rows["method"].unique()))
+    name = pair_name(*pair)
+    firsts = [r for r in first_seed_runs(runs, pretrain) if r.method in colours]
+    sides = {r.method: read_clustering_side_file(r, target) for r in firsts}
     sides = {method: side for method, side in sides.items() if side is not None}
-    estep = [panel for r in firsts for panel in estep_assignments(r)][:MAX_ESTEP_PANELS]
+    own = pretrain == target  # training happened on this pair's dataset: its curves and E-steps
+    estep = [panel for r in firsts for panel in estep_assignments(r)][:MAX_ESTEP_PANELS] if own else []
     drawn = [
         (
             "bars",
-            bar_chart(tables.summary, dataset, colours),
+            bar_chart(tables.summary, pair, colours),
             "Headline metrics per protocol with 95% confidence intervals",
         ),
         (
             "lowshot",
-            lowshot_curves(tables.table, dataset, colours),
+            lowshot_curves(rows, name, colours),
             "Low-shot SVM: mAP against labelled examples per class",
         ),
-        ("training", training_curves(runs, dataset, colours), "Training curves: loss and images/s per epoch"),
+        *(
+            [
+                (
+                    "training",
+                    training_curves(runs, pretrain, colours),
+                    "Training curves: loss and images/s per epoch",
+                )
+            ]
+            if own
+            else []
+        ),
         (
             "tsne",
-            tsne_maps(sides, dataset),
+            tsne_maps(sides, name),
             "t-SNE of test features, coloured by class (computed by the clustering protocol)",
         ),
         (
             "kmeans",
-            size_panels(kmeans_sizes(sides), kmeans_title(sides, dataset)),
+            size_panels(kmeans_sizes(sides), kmeans_title(sides, name)),
             "Cluster sizes of the clustering protocol's k-means (k = classes) on each method's test features",
         ),
-        (
-            "estep",
-            size_panels(
-                estep, f"{dataset}: cluster sizes of the E-step assignments stored in the checkpoint"
-            ),
-            "Cluster sizes of PCL's E-step (method state buffers named *assign*)",
+        *(
+            [
+                (
+                    "estep",
+                    size_panels(
+                        estep, f"{name}: cluster sizes of the E-step assignments stored in the checkpoint"
+                    ),
+                    "Cluster sizes of PCL's E-step (method state buffers named *assign*)",
+                )
+            ]
+            if own
+            else []
         ),
     ]
     return [
-        Figure(kind, caption, save_figure(fig, figures_dir, f"{dataset}_{kind}"))
+        Figure(kind, caption, save_figure(fig, figures_dir, f"{pair_id(*pair)}_{kind}"))
         for kind, fig, caption in drawn
     ]
 
@@ -96,13 +120,14 @@ def png_bytes(fig) -> bytes:
     return buffer.getvalue()
 
 
-def bar_chart(summary: pd.DataFrame, dataset: str, colours: dict):
-    parts = headline_stats(summary, dataset)
+def bar_chart(summary: pd.DataFrame, pair: tuple[str, str], colours: dict):
+    parts = headline_stats(summary, pair)
     present = [c for c in parts["mean"].columns if parts["mean"][c].notna().any()]
     if not present:
         return None
     fig, axes = new_figure(len(present), width=4.0, height=3.2, columns=4)
-    ci = summary[summary["dataset"] == dataset].set_index(["method", "protocol", "metric"])["ci95"]
+    of_pair = summary[(summary["pretrain_dataset"] == pair[0]) & (summary["eval_dataset"] == pair[1])]
+    ci = of_pair.set_index(["method", "protocol", "metric"])["ci95"]
     for ax, column in zip(axes, present):
         protocol, metric = next((p, m) for label, p, m in HEADLINE if label == column)
         means = parts["mean"][column].dropna()
@@ -119,13 +144,14 @@ def bar_chart(summary: pd.DataFrame, dataset: str, colours: dict):
         ax.set_title(column, fontsize=10)
         ax.set_ylabel("%")
     fig.suptitle(
-        f"{dataset}: mean over seeds, error bars 95% CI (Student t; none with one seed)", fontsize=10
+        f"{pair_name(*pair)}: mean over seeds, error bars 95% CI (Student t; none with one seed)", fontsize=10
     )
     return fig
 
 
 def lowshot_curves(table: pd.DataFrame, dataset: str, colours: dict):
-    rows = table[(table["dataset"] == dataset) & (table["protocol"] == "lowshot_svm")]
+    """``table``: the rows of one dataset pair (``dataset`` names it)."""
+    rows = table[table["protocol"] == "lowshot_svm"]
     found = rows["metric"].str.extract(r"^map_k(\d+)_(mean|min|max)$")
     rows = rows.assign(k=pd.to_numeric(found[0]), stat=found[1]).dropna(subset=["k"])
     if rows.empty:
@@ -171,11 +197,11 @@ def training_curves(runs: list[Run], dataset: str, colours: dict):
     return fig
 
 
-def read_clustering_side_file(run: Run) -> dict | None:
-    """What the clustering protocol wrote beside its result (None where it did not run)."""
+def read_clustering_side_file(run: Run, target: str) -> dict | None:
+    """What the clustering protocol wrote beside its result on ``target`` (None where it did not run)."""
     from ..featurefile import load_features
 
-    path = side_file(run.folder / "eval" / "clustering.json")
+    path = side_file(run.folder / "eval" / target / "clustering.json")
     return load_features(path) if path.is_file() else None
 
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..stats import best_methods, headline_stats, headline_table
+from ..stats import best_methods, headline_stats, headline_table, pair_id, pair_name
 from .figures import Figure
 from .tables import (
+    MATRIX_NOTE,
     Run,
     Tables,
     comparisons_display,
@@ -76,14 +77,16 @@ def html_figure(png: bytes, figure_id: str, caption: str) -> str:
     )
 
 
-def headline_html(summary: pd.DataFrame, dataset: str, footnote: str) -> str:
-    cells = headline_table(summary, dataset)
-    best = best_methods(headline_stats(summary, dataset)["mean"])
-    frame = cells.reset_index()
+def headline_html(summary: pd.DataFrame, pair: tuple[str, str], footnote: str) -> str:
+    cells = headline_table(summary, pair)
+    best = best_methods(headline_stats(summary, pair)["mean"])
+    return methods_table_html(cells, best, f"table-headline-{pair_id(*pair)}") + note(footnote)
+
+
+def methods_table_html(cells: pd.DataFrame, best: dict[str, set[str]], table_id: str) -> str:
+    """Methods × columns of display strings, the best of each column in bold."""
     bold = {(i, c) for i, m in enumerate(cells.index) for c in cells.columns if m in best[c]}
-    return (
-        html_table(frame, f"table-headline-{dataset}", bold) + f'<p class="note">{html.escape(footnote)}</p>'
-    )
+    return html_table(cells.reset_index(), table_id, bold)
 
 
 @dataclass
@@ -120,8 +123,11 @@ def render_page(tables: Tables, figures: dict[str, list[Figure]], runs: list[Run
     """The page: headlines, failures, reproduced vs reported, comparisons, each dataset's figures,
     cost, environment and every metric."""
     page = Page()
-    for d in tables.datasets:
-        page.add(f"Headline: {d}", headline_html(tables.summary, d, tables.footnotes[d]))
+    for pair in tables.pairs:
+        page.add(f"Headline: {pair_name(*pair)}", headline_html(tables.summary, pair, tables.footnotes[pair]))
+    for matrix in tables.matrices:
+        table = methods_table_html(matrix.cells, matrix.best, f"table-targets-{matrix.pretrain}")
+        page.add(f"Methods × targets: {matrix.title}", table + note(MATRIX_NOTE))
     if len(tables.failures):
         page.add(
             "Failed method folders",
@@ -138,7 +144,7 @@ def render_page(tables: Tables, figures: dict[str, list[Figure]], runs: list[Run
         )
         + note(
             "Reported: the paper's number (methods/<name>/paper.yaml). Ours: our runs with the "
-            "paper's dataset, "
+            "paper's pretraining and evaluation datasets, "
             "backbone and epochs; gap = ours − reported. Otherwise: the preset that would produce it."
         ),
     )
@@ -150,8 +156,10 @@ def render_page(tables: Tables, figures: dict[str, list[Figure]], runs: list[Run
             "Verdict at alpha 0.05 per pair, not corrected for the number of pairs."
         ),
     )
-    for d in tables.datasets:
-        page.add(f"Figures: {d}", "".join(figure_html(f, d) for f in figures[d]))
+    for pair in tables.pairs:
+        page.add(
+            f"Figures: {pair_name(*pair)}", "".join(figure_html(f, pair_id(*pair)) for f in figures[pair])
+        )
     page.add(
         "Cost",
         html_table(cost_display(tables.cost), "table-cost")
@@ -162,16 +170,17 @@ def render_page(tables: Tables, figures: dict[str, list[Figure]], runs: list[Run
         "Environment",
         html_table(versions_display(environment), "table-versions")
         + html_table(
-            environment[["dataset", "method", "seed", "device", "git_commit", "git_dirty"]].astype(str),
+            environment[["pretrain_dataset", "method", "seed", "device", "git_commit", "git_dirty"]].astype(
+                str
+            ),
             "table-runs",
         )
         + configs_html(runs),
     )
     page.add(
         "All metrics",
-        "<details><summary>every (dataset, method, protocol, metric)</summary>"
-        + html_table(summary_display(tables.summary), "table-summary")
-        + "</details>",
+        "<details><summary>every (pretraining dataset, evaluation dataset, method, protocol, metric)"
+        "</summary>" + html_table(summary_display(tables.summary), "table-summary") + "</details>",
     )
     return page.render("sslbench report")
 

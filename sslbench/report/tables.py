@@ -16,18 +16,25 @@ from pathlib import Path
 import pandas as pd
 
 from .. import atomic
+from ..config import method_slug
 from ..errors import SslbenchError, unreadable
 from ..stats import (
     MISSING,
+    PAIR,
     TableError,
     best_methods,
     check_table,
+    display_cells,
     headline_comparisons,
     headline_stats,
     headline_table,
+    matrix_metric,
+    pair_name,
+    pairs,
     percent,
     reproduced_vs_reported,
     summarise,
+    target_matrix,
 )
 
 CSV_TABLES = ("summary", "comparisons", "reproduced", "cost", "environment")
@@ -40,8 +47,8 @@ class ReportInputError(SslbenchError, FileNotFoundError):
 # --------------------------------------------------------------------------- inputs
 @dataclass
 class Run:
-    dataset: str
-    method: str
+    dataset: str  # the pretraining dataset
+    method: str  # its label
     seed: int
     folder: Path
     cfg: dict
@@ -71,7 +78,7 @@ def read_table(results_dir: Path) -> pd.DataFrame:
 
 
 def run_folder(results_dir: Path, dataset: str, method: str, seed: int) -> Path:
-    return results_dir / dataset / method / f"seed{seed}"
+    return results_dir / dataset / method_slug(method) / f"seed{seed}"
 
 
 def read_run(results_dir: Path, dataset: str, method: str, seed: int) -> Run:
@@ -92,7 +99,8 @@ def read_run(results_dir: Path, dataset: str, method: str, seed: int) -> Run:
 
 
 def read_runs(results_dir: Path, table: pd.DataFrame) -> list[Run]:
-    keys = table[["dataset", "method", "seed"]].drop_duplicates().sort_values(["dataset", "method", "seed"])
+    columns = ["pretrain_dataset", "method", "seed"]
+    keys = table[columns].drop_duplicates().sort_values(columns)
     return [read_run(results_dir, d, m, int(s)) for d, m, s in keys.itertuples(index=False)]
 
 
@@ -114,8 +122,35 @@ def read_failures(path: Path) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- tables
 @dataclass
+class Matrix:
+    """Methods × evaluation targets of one headline metric, for the runs of one pretraining dataset."""
+
+    pretrain: str
+    label: str  # the headline column it shows (stats.matrix_metric)
+    parts: dict[str, pd.DataFrame]  # mean, std, n (stats.target_matrix)
+
+    @property
+    def title(self) -> str:
+        return f"{self.label}, pretrained on {self.pretrain}, on every target"
+
+    @property
+    def cells(self) -> pd.DataFrame:
+        return display_cells(self.parts)
+
+    @property
+    def best(self) -> dict[str, set[str]]:
+        return best_methods(self.parts["mean"])
+
+
+MATRIX_NOTE = (
+    "Columns: the evaluation targets (the pretraining set's own first; the others frozen-encoder "
+    f"transfer). Cells: mean ± std over seeds, in %; best of each column in bold; {MISSING}: not evaluated."
+)
+
+
+@dataclass
 class Tables:
-    """Everything the page shows as a table, per dataset where it says so."""
+    """Everything the page shows as a table, per (pretraining, evaluation) dataset pair where it says so."""
 
     table: pd.DataFrame
     summary: pd.DataFrame
@@ -124,26 +159,32 @@ class Tables:
     cost: pd.DataFrame
     environment: pd.DataFrame
     failures: pd.DataFrame
-    footnotes: dict[str, str] = field(default_factory=dict)
+    footnotes: dict[tuple[str, str], str] = field(default_factory=dict)
+    matrices: list[Matrix] = field(default_factory=list)
 
     @property
-    def datasets(self) -> list[str]:
-        return sorted(self.footnotes)
+    def pairs(self) -> list[tuple[str, str]]:
+        return list(self.footnotes)
 
 
 def compute_tables(
     table: pd.DataFrame, runs: list[Run], results_dir: Path, methods_dir: str | Path, config_dir: str | Path
 ) -> Tables:
-    datasets = sorted(table["dataset"].unique())
+    summary = summarise(table)
+    chosen = {p: matrix_metric(summary, p) for p in sorted(table["pretrain_dataset"].unique())}
     return Tables(
         table=table,
-        summary=summarise(table),
+        summary=summary,
         comparisons=headline_comparisons(table),
         reproduced=reproduced_vs_reported(table, methods_dir, config_dir),
         cost=cost_table(runs, table),
         environment=environment_table(runs),
         failures=read_failures(results_dir / "failures.csv"),
-        footnotes={d: settings_footnote(table, d) for d in datasets},
+        footnotes={pair: settings_footnote(table, pair) for pair in pairs(table)},
+        matrices=[
+            Matrix(pretrain, label, target_matrix(summary, pretrain, protocol, metric))
+            for pretrain, (label, protocol, metric) in ((p, c) for p, c in chosen.items() if c)
+        ],
     )
 
 
@@ -152,18 +193,27 @@ def write_tables(tables: Tables, out_dir: Path) -> None:
     for name in CSV_TABLES:
         atomic.write_text(out_dir / f"{name}.csv", getattr(tables, name).to_csv(index=False))
     markdown = "\n".join(
-        (f"### {d}\n\n" if len(tables.datasets) > 1 else "")
-        + headline_markdown(tables.summary, d, tables.footnotes[d])
-        for d in tables.datasets
+        (f"### {pair_name(*pair)}\n\n" if len(tables.pairs) > 1 else "")
+        + headline_markdown(tables.summary, pair, tables.footnotes[pair])
+        for pair in tables.pairs
     )
+    for matrix in tables.matrices:
+        markdown += f"\n### {matrix.title}\n\n{markdown_table(matrix.cells, matrix.best)}\n{MATRIX_NOTE}\n"
     if len(tables.failures):  # method folders skipped with --keep-going: never silently absent
         markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in tables.failures.values)
     atomic.write_text(out_dir / "table.md", markdown)
 
 
-def settings_footnote(table: pd.DataFrame, dataset: str) -> str:
-    rows = table[table["dataset"] == dataset]
-    parts = [f"dataset {dataset}"]
+def settings_footnote(table: pd.DataFrame, pair: tuple[str, str]) -> str:
+    rows = table[(table["pretrain_dataset"] == pair[0]) & (table["eval_dataset"] == pair[1])]
+    parts = [
+        f"dataset {pair[0]}" if pair[0] == pair[1] else f"pretrained on {pair[0]}, evaluated on {pair[1]}"
+    ]
+    if pair[0] != pair[1]:  # how a transfer target was evaluated (the same in every row of the pair)
+        for column, label in (("eval_image_size", "image size"), ("transfer_channels", "channel conversion")):
+            if column in rows:
+                parts.append(f"{label} {', '.join(sorted(map(str, rows[column].unique())))}")
+        parts.append("normalised with the pretraining set's mean and std")
     for column, label in (("backbone", "backbone"), ("epochs", "epochs")):
         if column not in rows:
             continue
@@ -180,16 +230,20 @@ def settings_footnote(table: pd.DataFrame, dataset: str) -> str:
     )
 
 
-def headline_markdown(summary: pd.DataFrame, dataset: str, footnote: str) -> str:
-    cells = headline_table(summary, dataset)
-    best = best_methods(headline_stats(summary, dataset)["mean"])
+def headline_markdown(summary: pd.DataFrame, pair: tuple[str, str], footnote: str) -> str:
+    cells = headline_table(summary, pair)
+    return markdown_table(cells, best_methods(headline_stats(summary, pair)["mean"])) + f"\n{footnote}\n"
+
+
+def markdown_table(cells: pd.DataFrame, best: dict[str, set[str]]) -> str:
+    """Methods × columns of display strings, the best of each column in bold."""
     header = "| method | " + " | ".join(cells.columns) + " |"
     rule = "|---|" + "---:|" * len(cells.columns)
     lines = [header, rule]
     for method, row in cells.iterrows():
         shown = [f"**{row[c]}**" if method in best[c] else row[c] for c in cells.columns]
         lines.append(f"| {method} | " + " | ".join(shown) + " |")
-    return "\n".join(lines) + f"\n\n{footnote}\n"
+    return "\n".join(lines) + "\n"
 
 
 def fmt(value, spec: str) -> str:
@@ -204,7 +258,7 @@ def fmt_percent(value) -> str:
 
 
 def summary_display(summary: pd.DataFrame) -> pd.DataFrame:
-    out = summary[["dataset", "method", "protocol", "metric"]].copy()
+    out = summary[[*PAIR, "method", "protocol", "metric"]].copy()
     for column in ("mean", "std", "ci95"):
         out[f"{column} (%)"] = summary[column].map(fmt_percent)
     out["n"] = summary["n"].astype(str)
@@ -212,7 +266,7 @@ def summary_display(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def comparisons_display(comparisons: pd.DataFrame) -> pd.DataFrame:
-    out = comparisons[["dataset", "protocol", "metric", "method_a", "method_b"]].copy()
+    out = comparisons[[*PAIR, "protocol", "metric", "method_a", "method_b"]].copy()
     out["mean A − B (% points)"] = comparisons["mean_diff"].map(fmt_percent)
     out["p (paired t)"] = comparisons["p_value"].map(lambda p: fmt(p, ".3g"))
     out["n"] = comparisons["n"].astype(str)
@@ -221,7 +275,7 @@ def comparisons_display(comparisons: pd.DataFrame) -> pd.DataFrame:
 
 
 def reproduced_display(reproduced: pd.DataFrame) -> pd.DataFrame:
-    out = reproduced[["method", "dataset", "paper_backbone", "paper_epochs", "protocol", "metric"]].copy()
+    out = reproduced[["method", *PAIR, "paper_backbone", "paper_epochs", "protocol", "metric"]].copy()
     out = out.rename(columns={"paper_backbone": "backbone", "paper_epochs": "epochs"})
     out["reported (%)"] = reproduced["reported"].map(fmt_percent)
     out["ours (%)"] = reproduced["ours"].map(fmt_percent)
@@ -234,11 +288,12 @@ def reproduced_display(reproduced: pd.DataFrame) -> pd.DataFrame:
 
 
 def cost_table(runs: list[Run], table: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, method): mean over seeds of training time and throughput, peak GPU memory, devices."""
+    """Per (pretraining dataset, method): mean over seeds of training time and throughput, peak GPU
+    memory, devices, and evaluation time (every target's protocols)."""
     per_run = pd.DataFrame(
         [
             {
-                "dataset": r.dataset,
+                "pretrain_dataset": r.dataset,
                 "method": r.method,
                 "seed": r.seed,
                 "train_wall_time_s": r.meta.get("train_wall_time_s"),
@@ -255,7 +310,7 @@ def cost_table(runs: list[Run], table: pd.DataFrame) -> pd.DataFrame:
     )
     numeric = ["train_wall_time_s", "images_per_s", "peak_gpu_memory_mib"]
     per_run[numeric] = per_run[numeric].apply(pd.to_numeric, errors="coerce")
-    grouped = per_run.groupby(["dataset", "method"], sort=True)
+    grouped = per_run.groupby(["pretrain_dataset", "method"], sort=True)
     out = grouped.agg(
         seeds=("seed", "count"),
         train_wall_time_s=("train_wall_time_s", "mean"),
@@ -264,16 +319,16 @@ def cost_table(runs: list[Run], table: pd.DataFrame) -> pd.DataFrame:
         device=("device", lambda v: ", ".join(sorted(set(map(str, v))))),
     ).reset_index()
     if "eval_wall_time_s" in table:
-        # table.csv repeats a protocol's wall time on each of its metric rows: one per (run, protocol)
-        per_protocol = table.drop_duplicates(["dataset", "method", "seed", "protocol"])
-        per_seed = per_protocol.groupby(["dataset", "method", "seed"])["eval_wall_time_s"].sum()
-        eval_time = per_seed.groupby(["dataset", "method"]).mean().rename("eval_wall_time_s").reset_index()
-        out = out.merge(eval_time, on=["dataset", "method"], how="left")
+        # table.csv repeats a protocol's wall time on each of its metric rows: one per (run, target, protocol)
+        per_protocol = table.drop_duplicates([*PAIR, "method", "seed", "protocol"])
+        per_seed = per_protocol.groupby(["pretrain_dataset", "method", "seed"])["eval_wall_time_s"].sum()
+        per_run = per_seed.groupby(["pretrain_dataset", "method"]).mean().rename("eval_wall_time_s")
+        out = out.merge(per_run.reset_index(), on=["pretrain_dataset", "method"], how="left")
     return out
 
 
 def cost_display(cost: pd.DataFrame) -> pd.DataFrame:
-    out = cost[["dataset", "method"]].copy()
+    out = cost[["pretrain_dataset", "method"]].copy()
     out["seeds"] = cost["seeds"].astype(str)
     out["training wall time (s)"] = cost["train_wall_time_s"].map(lambda v: fmt(v, ".1f"))
     out["images/s"] = cost["images_per_s"].map(lambda v: fmt(v, ".0f"))
@@ -291,7 +346,7 @@ def environment_table(runs: list[Run]) -> pd.DataFrame:
         versions = r.meta.get("versions", {}) or {}
         rows.append(
             {
-                "dataset": r.dataset,
+                "pretrain_dataset": r.dataset,
                 "method": r.method,
                 "seed": r.seed,
                 "device": r.meta.get("device", "unknown"),

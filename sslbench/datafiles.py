@@ -1,0 +1,165 @@
+"""Where each dataset's files are looked for, and whether they are there.
+
+No torch here: planning (``sslbench.config``) asks ``missing_files`` before any job runs, so that an
+optional evaluation target whose files are absent is skipped with the message of how to get them,
+and a required one stops the run. ``sslbench.data`` parses the files ``locate`` finds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SslbenchError
+
+
+class DatasetError(SslbenchError, ValueError):
+    """A dataset is unknown, missing or damaged; the message names the paths and the fix."""
+
+
+# Where `root=None` points for datasets that live under a data folder (the repo ignores ./data).
+DATA_ROOT_ENV = "SSLBENCH_DATA"
+DEFAULT_DATA_ROOT = "data"
+# Where Debian's `dataset-fashion-mnist` package installs the IDX files.
+FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+CIFAR10_FILES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+CIFAR100_FILES = {"train": ["train"], "test": ["test"]}
+STL_FILES = ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin"]
+VOC_SPLIT_FILES = {"train": "ImageSets/Main/trainval.txt", "test": "ImageSets/Main/test.txt"}
+
+
+@dataclass
+class FileSpec:
+    """The files of one dataset: ``names`` all in one of ``folders`` (the first that holds them)."""
+
+    dataset: str
+    folders: list[Path]
+    names: list[str]
+    how_to_get: str
+    allow_gz: bool = False
+
+
+def data_root(root) -> Path:
+    if root is not None:
+        return Path(root).expanduser()
+    return Path(os.environ.get(DATA_ROOT_ENV, DEFAULT_DATA_ROOT)).expanduser()
+
+
+def download_hint(dataset: str, folder: Path) -> str:
+    return (
+        f"call load_dataset({dataset!r}, root=..., download=True) (or `--download`) to fetch them "
+        "with torchvision "
+        f"into {folder}, or pass root= pointing at a folder that holds them"
+    )
+
+
+def find(folder: Path, name: str, allow_gz: bool = False) -> Path | None:
+    for candidate in [folder / name] + ([folder / f"{name}.gz"] if allow_gz else []):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def locate(spec: FileSpec) -> dict[str, Path]:
+    """Paths of the spec's names in the first folder that holds them all; else an error listing what
+    each folder lacks and how to get the files."""
+    for folder in spec.folders:
+        found = {name: find(folder, name, spec.allow_gz) for name in spec.names}
+        if all(found.values()):
+            return found
+    report = "\n".join(
+        f"  {folder}: missing {', '.join(n for n in spec.names if find(folder, n, spec.allow_gz) is None)}"
+        for folder in spec.folders
+    )
+    raise DatasetError(
+        f"{spec.dataset}: dataset files not found. Looked in:\n{report}\nTo get them: {spec.how_to_get}"
+    )
+
+
+# --------------------------------------------------------------------------- per dataset
+
+
+def fashion_mnist_files(root=None, download=False, **options) -> FileSpec:
+    folders = [Path(root), Path(root) / "FashionMNIST" / "raw"] if root is not None else []
+    folders.append(FASHION_MNIST_SYSTEM_DIR)
+    download_folder = data_root(root) / "FashionMNIST" / "raw"
+    if download:
+        folders.append(download_folder)
+    how = (
+        "`apt-get install dataset-fashion-mnist` (installs them in "
+        f"{FASHION_MNIST_SYSTEM_DIR}), or pass root= pointing at a folder holding the four IDX files "
+        f"(optionally .gz), or download=True to fetch them with torchvision into {download_folder}"
+    )
+    return FileSpec("fashion_mnist", folders, list(FASHION_MNIST_FILES.values()), how, allow_gz=True)
+
+
+def cifar_files(name: str, folder_name: str, files: dict[str, list[str]], root=None) -> FileSpec:
+    base = data_root(root)
+    return FileSpec(
+        name, [base / folder_name, base], files["train"] + files["test"], download_hint(name, base)
+    )
+
+
+def cifar10_files(root=None, download=False, **options) -> FileSpec:
+    return cifar_files("cifar10", "cifar-10-batches-py", CIFAR10_FILES, root)
+
+
+def cifar100_files(root=None, download=False, **options) -> FileSpec:
+    return cifar_files("cifar100", "cifar-100-python", CIFAR100_FILES, root)
+
+
+def stl10_files(root=None, download=False, **options) -> FileSpec:
+    base = data_root(root)
+    return FileSpec("stl10", [base / "stl10_binary", base], list(STL_FILES), download_hint("stl10", base))
+
+
+def imagefolder_files(root=None, download=False, train_dir="train", test_dir="val", **options) -> FileSpec:
+    if root is None:
+        raise DatasetError("imagefolder needs root= : a folder holding train/<class>/* and val/<class>/*")
+    base = Path(root).expanduser()
+    how = (
+        f"put the images in {base}/{train_dir}/<class>/<image> and {base}/{test_dir}/<class>/<image> "
+        "(ImageNet: extract the official archives and sort val/ into class folders; Places205: one folder "
+        "per scene category); these datasets cannot be downloaded automatically"
+    )
+    return FileSpec("imagefolder", [base], [train_dir, test_dir], how)
+
+
+def voc07_files(root=None, download=False, **options) -> FileSpec:
+    base = data_root(root)
+    names = [*VOC_SPLIT_FILES.values(), "JPEGImages", "Annotations"]
+    return FileSpec("voc07", [base / "VOCdevkit" / "VOC2007", base], names, download_hint("voc07", base))
+
+
+# None: the dataset ships with a Python package (nothing to look for).
+FILE_SPECS: dict[str, Callable[..., FileSpec] | None] = {
+    "digits": None,
+    "fashion_mnist": fashion_mnist_files,
+    "cifar10": cifar10_files,
+    "cifar100": cifar100_files,
+    "stl10": stl10_files,
+    "imagefolder": imagefolder_files,
+    "voc07": voc07_files,
+}
+MULTILABEL_DATASETS = ("voc07",)  # their labels are [N, classes] in the VOC devkit's codes
+
+
+def missing_files(section: dict) -> str | None:
+    """Why the files of a config's dataset section cannot be found (the message names where they were
+    looked for and how to get them), or None when they are there or will be downloaded."""
+    spec_of = FILE_SPECS.get(section["name"])
+    if spec_of is None or section.get("download", False):
+        return None
+    try:
+        locate(spec_of(root=section.get("root"), **section.get("options", {})))
+    except DatasetError as err:
+        return str(err)
+    return None
