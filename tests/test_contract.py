@@ -88,7 +88,7 @@ def test_training_keeps_every_loss_and_tensor_finite(name, runs):
     state = tensors(full / "checkpoint.pt")
     assert all(t.isfinite().all() for t in state.values() if t.is_floating_point())
     if log.empty:  # the untrained floor: nothing to train
-        assert name == "random"
+        assert name in ("random", "pixels")  # the floors: nothing to train
         return
     assert list(log["epoch"]) == [1, 2] and log["loss"].map(math.isfinite).all()
 
