@@ -7,6 +7,21 @@
                         float64 would underflow.
 - sinkhorn_labels:      argmax of the Sinkhorn plan's rows.
 - equipartition_labels: SeLa's initial labels, an exact random equipartition.
+- swav_sinkhorn:        SwAV's online codes (Caron et al., 2020): a few Sinkhorn
+                        iterations on a batch (and queue), sums over ranks.
+
+SeLa's and SwAV's Sinkhorn solve the same problem: the plan Q [N, K] closest, in
+entropy-regularised transport, to the kernel exp(lam * score) (SwAV: score = the
+cosine to a prototype, lam = 1 / epsilon; SeLa: score = log P), with equal mass
+per sample and per cluster, found by scaling the kernel's rows and columns in
+turn. Where they differ: SeLa iterates to a tolerance (its plan does not depend
+on where it started), in float64 with a log-domain fallback, and takes each
+sample's argmax as a hard label for an epoch; SwAV runs a fixed 3 iterations from
+the raw kernel, sample sums last (each code sums to exactly 1, the clusters'
+mass is only near-equal), in float32 on the batch, and trains on the soft codes
+at every step. Under torch.distributed SwAV's sums over samples are all-reduced,
+so the ranks' batches form one problem. With many iterations SwAV's codes are
+SeLa's plan times N (tests/test_swav.py checks it).
 """
 
 from __future__ import annotations
@@ -17,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import distributed as dist
 from .kmeans import KMeansResult
 from .kmeans import kmeans as faiss_kmeans
 
@@ -28,6 +44,7 @@ __all__ = [
     "sinkhorn",
     "sinkhorn_labels",
     "equipartition_labels",
+    "swav_sinkhorn",
 ]
 
 
@@ -269,3 +286,33 @@ def equipartition_labels(n: int, k: int, generator: torch.Generator | None = Non
         raise ValueError(f"equipartition_labels needs n >= 0 and k >= 1, got n={n}, k={k}")
     balanced = torch.arange(n) % k
     return balanced[torch.randperm(n, generator=generator)]
+
+
+@torch.no_grad()
+def swav_sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 3) -> torch.Tensor:
+    """SwAV's codes (facebookresearch/swav main_swav.py distributed_sinkhorn) of scores [B, K]:
+    the cosines of B embeddings to K prototypes; returns codes [B, K] in float32, without gradient.
+
+    In the paper's K x B layout, Q = exp(scores / epsilon)^T is scaled to total mass 1, then
+    ``iterations`` times each prototype's row to 1/K and each sample's column to 1/B; finally
+    Q x B. Each code (a sample's column) therefore sums to exactly 1 and each prototype holds
+    about B/K of the codes' mass, closer to it with every iteration. Under torch.distributed the
+    ranks' rows together are one problem: the total and the per-prototype sums are all-reduced, B
+    counts every rank's rows (equal on every rank), and each rank gets its own rows' codes.
+    No max is subtracted before exp, as in the official code: a per-sample shift would change what
+    a finite number of iterations returns, and cosines in [-1, 1] keep exp(score / epsilon) and its
+    sums inside float32 (at epsilon 0.05, e^20 times B K; at 0.02, e^50 times up to e^30 entries).
+    """
+    if scores.dim() != 2 or scores.shape[0] == 0 or scores.shape[1] == 0:
+        raise ValueError(f"swav_sinkhorn needs scores [B, K] with B, K >= 1, got {tuple(scores.shape)}")
+    if not epsilon > 0 or iterations < 1:
+        raise ValueError(f"swav_sinkhorn needs epsilon > 0 and iterations >= 1, got {epsilon}, {iterations}")
+    q = torch.exp(scores.detach().float() / epsilon).T  # [K, B]
+    num_prototypes, num_samples = q.shape[0], q.shape[1] * dist.world_size()
+    q /= dist.all_reduce_sum(q.sum())
+    for _ in range(iterations):
+        q /= dist.all_reduce_sum(q.sum(dim=1, keepdim=True))  # every prototype: mass 1/K
+        q /= num_prototypes
+        q /= q.sum(dim=0, keepdim=True)  # every sample (local): mass 1/B
+        q /= num_samples
+    return (q * num_samples).T

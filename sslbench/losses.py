@@ -7,9 +7,14 @@ returns the mean over anchors as a 0-d tensor and is differentiable.
 - supcon:     Supervised Contrastive loss (Khosla et al., 2020); with
               labels=None it is SimCLR's NT-Xent (Chen et al., 2020).
 - proto_nce:  one clustering's ProtoNCE term of PCL (Li et al., 2021).
+- cross_view_cross_entropy: SwAV's swapped prediction (Caron et al., 2020) and
+              DINO's loss (Caron et al., 2021): soft targets of some views
+              predicted from every other view.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +25,7 @@ __all__ = [
     "proto_nce",
     "PROTO_NCE_FORMS",
     "sample_negative_prototypes",
+    "cross_view_cross_entropy",
 ]
 
 
@@ -219,3 +225,32 @@ def proto_nce(
     selected = torch.cat([positive_ids, negative_ids.to(assignments.device)])
     logits = query @ prototypes[selected].T / concentration[None, selected]
     return F.cross_entropy(logits, targets.to(query.device))
+
+
+def cross_view_cross_entropy(
+    targets: Sequence[torch.Tensor], logits: Sequence[torch.Tensor], temperature: float
+) -> torch.Tensor:
+    """The mean over the pairs (i, v), v != i, of the batch mean of the cross-entropy
+    -sum_k targets[i]_bk log softmax(logits[v]_b / temperature)_k.
+
+    targets[i] [B, K] is view i's target distribution (used as given: detach it), logits[v] [B, K]
+    view v's scores, for the V >= len(targets) views. SwAV's swapped prediction (main_swav.py: the
+    codes of crops_for_assign predicted from every other crop, each sub-loss over V - 1 crops, then
+    the mean over the assigned crops) and DINO's loss (main_dino.py DINOLoss: the teacher's outputs
+    on the 2 global crops predicted from every other crop, the sum over n_loss_terms pairs) are
+    both this mean over the len(targets) x (V - 1) pairs.
+    """
+    if not 1 <= len(targets) <= len(logits) or len(logits) < 2:
+        raise ValueError(
+            f"cross_view_cross_entropy needs 1 <= len(targets) <= len(logits) and 2 or more views, "
+            f"got {len(targets)} targets and {len(logits)} views"
+        )
+    _require_positive("temperature", temperature)
+    log_probs = [F.log_softmax(x / temperature, dim=1) for x in logits]
+    terms = [
+        -(target * log_probs[v]).sum(dim=1).mean()
+        for i, target in enumerate(targets)
+        for v in range(len(logits))
+        if v != i
+    ]
+    return torch.stack(terms).mean()

@@ -1,0 +1,134 @@
+"""DINO, ResNet form (Caron et al., ICCV 2021): self-distillation with no labels, with multi-crop.
+
+    student = head(backbone); teacher = copy(student), no gradient; c = 0 (the centre)
+    for x in loader:
+        s_v = student(crop_v(x))                          # every crop: 2 global, then local crops
+        t_i = teacher(crop_i(x))                          # the 2 global crops only
+        p_i = softmax((t_i - c) / tau_t(epoch))           # centred, sharpened; tau_t warms up per epoch
+        loss = mean over (i, v != i) of CE(p_i, softmax(s_v / tau_s))
+        c = m c + (1 - m) mean(t)                         # the teacher's mean output (all ranks), m = 0.9
+        clip each gradient tensor's norm to clip_grad; drop the last layer's gradient in the first epoch
+        SGD step on the student
+        teacher = l teacher + (1 - l) student             # the engine's EMA, l cosine from 0.996 to 1
+
+head: MLP (Linear-GELU, x2, Linear to the bottleneck), L2-normalise, weight-normalised linear layer
+without bias (its norms fixed at 1: norm_last_layer). The evaluated encoder is the teacher's backbone,
+as eval_knn.py and eval_linear.py evaluate (--checkpoint_key teacher).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from sslbench import distributed as dist
+from sslbench.config import ConfigError
+from sslbench.losses import cross_view_cross_entropy
+from sslbench.method import Method, embed_crops, exclude_bias_and_norm
+from sslbench.momentum import frozen_copy
+
+CONFIG = "methods/dino/config.yaml"
+
+
+class DINOHead(nn.Module):
+    """vision_transformer.py DINOHead: Linear layers initialised trunc_normal(std 0.02) with zero
+    bias, GELU (and BatchNorm1d with use_bn), then L2-normalise and the weight-normalised last layer
+    (torch's default init; norms filled with 1 and frozen with norm_last_layer)."""
+
+    def __init__(self, in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, use_bn, norm_last_layer):
+        super().__init__()
+        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
+        layers: list[nn.Module] = []
+        for i, (d_in, d_out) in enumerate(zip(dims, dims[1:])):
+            layers.append(nn.Linear(d_in, d_out))
+            if i < num_layers - 1:
+                layers += [nn.BatchNorm1d(d_out), nn.GELU()] if use_bn else [nn.GELU()]
+        self.mlp = nn.Sequential(*layers)
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                nn.init.trunc_normal_(layer.weight, std=0.02)
+                nn.init.zeros_(layer.bias)
+        self.last_layer = weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
+        norms = self.last_layer.parametrizations.weight.original0  # g [out_dim, 1]; original1 is v
+        with torch.no_grad():
+            norms.fill_(1.0)
+        norms.requires_grad_(not norm_last_layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last_layer(F.normalize(self.mlp(x), dim=-1))
+
+
+class DINO(Method):
+    num_views = 2  # the global crops, the teacher's only input
+    multi_crop = True
+
+    def __init__(self, backbone, info, cfg):
+        super().__init__(backbone, info, cfg)
+        p = cfg["params"]
+        if p["num_layers"] < 2:
+            raise ConfigError(
+                f"{CONFIG}: num_layers must be >= 2 (the ResNet recipe's 3), got {p['num_layers']}"
+            )
+        self.head = DINOHead(
+            self.feature_dim,
+            p["out_dim"],
+            p["hidden_dim"],
+            p["bottleneck_dim"],
+            p["num_layers"],
+            p["use_bn_in_head"],
+            p["norm_last_layer"],
+        )
+        self.teacher = frozen_copy([self.backbone, self.head])  # starts as the student, moved by EMA
+        self.register_buffer("center", torch.zeros(1, p["out_dim"]))
+        self.student_temp, self.center_momentum = float(p["student_temp"]), float(p["center_momentum"])
+        self.teacher_temps = (float(p["warmup_teacher_temp"]), float(p["teacher_temp"]))
+        self.warmup_teacher_temp_epochs = int(p["warmup_teacher_temp_epochs"])
+        self.clip_grad, self.freeze_last_layer = float(p["clip_grad"]), int(p["freeze_last_layer"])
+        self.teacher_temp = self.teacher_temperature(0)
+
+    def teacher_temperature(self, epoch: int) -> float:
+        """DINOLoss's schedule: linspace(warmup_teacher_temp, teacher_temp, warmup epochs) per epoch,
+        then teacher_temp."""
+        start, end = self.teacher_temps
+        warmup = self.warmup_teacher_temp_epochs
+        if epoch >= warmup:
+            return end
+        return start + (end - start) * epoch / max(1, warmup - 1)
+
+    def training_loss(self, views, labels, indices):
+        with torch.no_grad():
+            teacher_out = self.teacher(torch.cat(views[: self.num_views]))  # one size: one forward
+        student_out = embed_crops(self.backbone, views, head=self.head)
+        targets = F.softmax((teacher_out - self.center) / self.teacher_temp, dim=-1).chunk(self.num_views)
+        loss = cross_view_cross_entropy(targets, student_out, self.student_temp)
+        self.update_center(teacher_out)
+        return loss
+
+    @torch.no_grad()
+    def update_center(self, teacher_out: torch.Tensor) -> None:
+        """c <- m c + (1 - m) x the mean teacher output over every rank's global crops."""
+        batch_center = dist.all_reduce_sum(teacher_out.float().sum(dim=0, keepdim=True))
+        batch_center /= teacher_out.shape[0] * dist.world_size()
+        self.center.mul_(self.center_momentum).add_(batch_center, alpha=1 - self.center_momentum)
+
+    def param_groups(self):  # utils.get_params_groups: no weight decay on biases and 1-D tensors
+        return exclude_bias_and_norm(nn.ModuleList([self.backbone, self.head]))
+
+    def encoder(self):
+        return self.teacher[0]
+
+    def momentum_pairs(self):
+        return [([self.backbone, self.head], self.teacher)]
+
+    def on_epoch_start(self, ctx):
+        self.teacher_temp = self.teacher_temperature(ctx.epoch)
+        ctx.log["teacher_temp"] = self.teacher_temp
+
+    def on_before_step(self, ctx):
+        student = [p for m in (self.backbone, self.head) for p in m.parameters() if p.grad is not None]
+        if self.clip_grad > 0:  # utils.clip_gradients: each tensor's own norm, not a global one
+            for p in student:
+                p.grad.mul_(torch.clamp(self.clip_grad / (p.grad.norm() + 1e-6), max=1.0))
+        if ctx.epoch < self.freeze_last_layer:  # cancel_gradients_last_layer: no update, no decay
+            for p in self.head.last_layer.parameters():
+                p.grad = None
