@@ -1,7 +1,6 @@
-"""Contrastive losses shared by the methods: pure functions of torch tensors.
+"""Losses shared by the methods: pure functions of torch tensors, each a differentiable 0-d tensor.
 
-Every embedding passed in is assumed to be L2-normalised already. Every loss
-returns the mean over anchors as a 0-d tensor and is differentiable.
+The contrastive losses take L2-normalised embeddings and return the mean over anchors:
 
 - info_nce:   MoCo's InfoNCE with a queue of negatives (He et al., 2020).
 - supcon:     Supervised Contrastive loss (Khosla et al., 2020); with
@@ -10,6 +9,14 @@ returns the mean over anchors as a 0-d tensor and is differentiable.
 - cross_view_cross_entropy: SwAV's swapped prediction (Caron et al., 2020) and
               DINO's loss (Caron et al., 2021): soft targets of some views
               predicted from every other view.
+
+The redundancy-reduction losses take raw embeddings [N, D] of the whole batch (under DDP the method
+gathers them first) and compute in float32 whatever the autocast (their statistics over the batch
+lose too much in bf16: a diagonal entry near 1 has a resolution of 2^-8):
+
+- barlow_twins:  the cross-correlation of the batch-standardised embeddings pulled to the identity
+                 (Zbontar et al., 2021), with cross_correlation and off_diagonal.
+- variance_hinge, covariance_penalty: VICReg's variance and covariance terms (Bardes et al., 2022).
 """
 
 from __future__ import annotations
@@ -26,6 +33,11 @@ __all__ = [
     "PROTO_NCE_FORMS",
     "sample_negative_prototypes",
     "cross_view_cross_entropy",
+    "barlow_twins",
+    "cross_correlation",
+    "off_diagonal",
+    "variance_hinge",
+    "covariance_penalty",
 ]
 
 
@@ -254,3 +266,65 @@ def cross_view_cross_entropy(
         if v != i
     ]
     return torch.stack(terms).mean()
+
+
+# --------------------------------------------------------------------------- redundancy reduction
+
+
+def off_diagonal(matrix: torch.Tensor) -> torch.Tensor:
+    """The off-diagonal entries of a square matrix, flattened (row-major, diagonal skipped)."""
+    _require_2d("matrix", matrix)
+    n = matrix.shape[0]
+    if matrix.shape[1] != n:
+        raise ValueError(f"matrix must be square, got shape {tuple(matrix.shape)}")
+    return matrix.flatten()[:-1].view(n - 1, n + 1)[:, 1:].flatten()
+
+
+def _full_precision(t: torch.Tensor) -> torch.Tensor:
+    """float32 for a half-precision tensor (float64 stays float64)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def cross_correlation(z1: torch.Tensor, z2: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """[D, D] cross-correlation of two views' embeddings [N, D] along the batch: each embedding is
+    standardised per dimension over the batch as barlowtwins main.py's BatchNorm1d(affine=False)
+    in training mode does (biased variance, ``eps`` 1e-5), then c = z1_std^T z2_std / N."""
+    _require_2d("z1", z1)
+    if z2.shape != z1.shape:
+        raise ValueError(f"z2 shape {tuple(z2.shape)} must equal z1 shape {tuple(z1.shape)}")
+    if z1.shape[0] < 2:
+        raise ValueError("the cross-correlation needs a batch of at least 2 embeddings")
+    with torch.autocast(z1.device.type, enabled=False):
+        z1, z2 = _full_precision(z1), _full_precision(z2)
+        return _standardise(z1, eps).T @ _standardise(z2, eps) / z1.shape[0]
+
+
+def _standardise(z: torch.Tensor, eps: float) -> torch.Tensor:
+    return (z - z.mean(0)) / torch.sqrt(z.var(0, unbiased=False) + eps)
+
+
+def barlow_twins(z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> torch.Tensor:
+    """Barlow Twins' loss on two views' embeddings [N, D] (the whole batch): with c their
+    cross-correlation, sum_i (1 - c_ii)^2 + lambd sum_{i != j} c_ij^2 (sums, not means)."""
+    c = cross_correlation(z1, z2)
+    return (1 - torch.diagonal(c)).pow(2).sum() + lambd * off_diagonal(c).pow(2).sum()
+
+
+def variance_hinge(z: torch.Tensor, gamma: float = 1.0, eps: float = 1e-4) -> torch.Tensor:
+    """VICReg's variance term of embeddings [N, D]: mean_d relu(gamma - sqrt(Var_d + eps)), the
+    unbiased variance along the batch (main_vicreg.py). 0 when every dimension's std is >= gamma."""
+    _require_2d("z", z)
+    with torch.autocast(z.device.type, enabled=False):
+        z = _full_precision(z)
+        return F.relu(gamma - torch.sqrt(z.var(0) + eps)).mean()
+
+
+def covariance_penalty(z: torch.Tensor) -> torch.Tensor:
+    """VICReg's covariance term of embeddings [N, D]: the sum of the squared off-diagonal entries of
+    their covariance (centred over the batch, divided by N - 1), divided by D (main_vicreg.py)."""
+    _require_2d("z", z)
+    with torch.autocast(z.device.type, enabled=False):
+        z = _full_precision(z)
+        z = z - z.mean(0)
+        cov = z.T @ z / (z.shape[0] - 1)
+        return off_diagonal(cov).pow(2).sum() / z.shape[1]

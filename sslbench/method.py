@@ -249,3 +249,16 @@ def projection_mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int =
         dim = hidden_dim
     layers.append(nn.Linear(dim, out_dim))
     return nn.Sequential(*layers)
+
+
+def batch_norm_mlp(in_dim: int, sizes: Sequence[int], hidden_bias: bool) -> nn.Sequential:
+    """The projector (expander) of Barlow Twins and VICReg: (Linear -> BatchNorm1d -> ReLU) for each
+    hidden width in ``sizes``, then Linear to ``sizes[-1]`` without bias. ``hidden_bias``: the hidden
+    Linears' bias (VICReg's main_vicreg.py Projector: yes; barlowtwins main.py: no)."""
+    dims = [in_dim, *sizes]
+    layers: list[nn.Module] = []
+    for i in range(len(dims) - 2):
+        layers += [nn.Linear(dims[i], dims[i + 1], bias=hidden_bias), nn.BatchNorm1d(dims[i + 1])]
+        layers.append(nn.ReLU(inplace=True))
+    layers.append(nn.Linear(dims[-2], dims[-1], bias=False))
+    return nn.Sequential(*layers)

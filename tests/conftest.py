@@ -107,3 +107,12 @@ def fixed_batch_losses(trainer, steps: int, labelled: bool, size: int = 64) -> l
         trainer.optimizer.step()
         losses.append(float(loss.detach()))
     return losses
+
+
+def hadamard_columns(n: int, d: int) -> torch.Tensor:
+    """[n, d]: d columns of the n x n Sylvester Hadamard matrix other than the constant one: entries
+    +-1, every column of mean 0 and biased variance 1, columns pairwise orthogonal."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    return h[:, 1 : d + 1]
