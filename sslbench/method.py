@@ -246,3 +246,21 @@ def projection_mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int =
         dim = hidden_dim
     layers.append(nn.Linear(dim, out_dim))
     return nn.Sequential(*layers)
+
+
+def bn_mlp(
+    dims: Sequence[int], hidden_bias: bool = False, output_bias: bool = False, output_bn: bool = False
+) -> nn.Sequential:
+    """The batch-norm MLP heads of BYOL, SimSiam and MoCo v3: for ``dims`` = [in, hidden..., out],
+    (Linear -> BatchNorm1d -> ReLU) into every hidden width, then Linear to ``out``, then
+    BatchNorm1d(out, affine=False) when ``output_bn``. ``hidden_bias`` / ``output_bias``: whether
+    those Linears have a bias (BYOL's MLP: hidden yes, output no; SimSiam's predictor: the reverse;
+    MoCo v3's _build_mlp: none). torch's BatchNorm1d defaults (momentum 0.1, eps 1e-5) are the
+    official codes' (BYOL's haiku decay 0.9, eps 1e-5)."""
+    layers: list[nn.Module] = []
+    for d_in, d_out in zip(dims[:-2], dims[1:-1]):
+        layers += [nn.Linear(d_in, d_out, bias=hidden_bias), nn.BatchNorm1d(d_out), nn.ReLU(inplace=True)]
+    layers.append(nn.Linear(dims[-2], dims[-1], bias=output_bias))
+    if output_bn:
+        layers.append(nn.BatchNorm1d(dims[-1], affine=False))
+    return nn.Sequential(*layers)
