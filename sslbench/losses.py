@@ -9,6 +9,10 @@ The contrastive losses take L2-normalised embeddings and return the mean over an
 - cross_view_cross_entropy: SwAV's swapped prediction (Caron et al., 2020) and
               DINO's loss (Caron et al., 2021): soft targets of some views
               predicted from every other view.
+- batch_info_nce:     InfoNCE against the other keys of the (gathered) batch: MoCo v3's
+                      contrastive loss (Chen, Xie, He, 2021).
+- cosine_regression:  BYOL's 2 - 2 cos(p, z) (Grill et al., 2020); takes unnormalised inputs.
+- negative_cosine:    SimSiam's -cos(p, z) (Chen & He, 2021); takes unnormalised inputs.
 
 The redundancy-reduction losses take raw embeddings [N, D] of the whole batch (under DDP the method
 gathers them first) and compute in float32 whatever the autocast (their statistics over the batch
@@ -38,6 +42,9 @@ __all__ = [
     "off_diagonal",
     "variance_hinge",
     "covariance_penalty",
+    "batch_info_nce",
+    "cosine_regression",
+    "negative_cosine",
 ]
 
 
@@ -328,3 +335,47 @@ def covariance_penalty(z: torch.Tensor) -> torch.Tensor:
         z = z - z.mean(0)
         cov = z.T @ z / (z.shape[0] - 1)
         return off_diagonal(cov).pow(2).sum() / z.shape[1]
+
+
+def batch_info_nce(
+    query: torch.Tensor, keys: torch.Tensor, temperature: float, first_row: int = 0
+) -> torch.Tensor:
+    """InfoNCE against the batch's keys (moco-v3 moco/builder.py contrastive_loss): query [B, D] are
+    rows first_row .. first_row + B of a batch whose keys [N, D] (under DDP: every rank's, gathered in
+    rank order) hold query i's positive at row first_row + i and its negatives in the N - 1 other rows.
+    Cross-entropy of the logits q k^T / T towards the positive, averaged over the B queries."""
+    _require_2d("query", query)
+    _require_2d("keys", keys)
+    if keys.shape[1] != query.shape[1]:
+        raise ValueError(f"keys have dimension {keys.shape[1]} but query has {query.shape[1]}")
+    if not 0 <= first_row <= keys.shape[0] - query.shape[0]:
+        raise ValueError(
+            f"rows {first_row}..{first_row + query.shape[0]} are not rows of the {keys.shape[0]} keys"
+        )
+    _require_positive("temperature", temperature)
+    targets = torch.arange(first_row, first_row + query.shape[0], device=query.device)
+    return F.cross_entropy(query @ keys.T / temperature, targets)
+
+
+def cosine_regression(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """BYOL's regression loss (byol/utils/helpers.py regression_loss), averaged over the batch:
+    ||p/||p|| - z/||z||||^2 = 2 - 2 cos(p, z) per pair, in [0, 4]. Each row is normalised as there,
+    x / max(||x||, 1e-6). The caller stops the target's gradient."""
+    _require_2d("prediction", prediction)
+    if target.shape != prediction.shape:
+        raise ValueError(
+            f"target shape {tuple(target.shape)} must equal prediction shape {tuple(prediction.shape)}"
+        )
+    difference = F.normalize(prediction, dim=1, eps=1e-6) - F.normalize(target, dim=1, eps=1e-6)
+    return difference.pow(2).sum(dim=1).mean()
+
+
+def negative_cosine(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """SimSiam's D(p, z) = -cos(p, z), averaged over the batch (main_simsiam.py: nn.CosineSimilarity
+    with eps 1e-8), in [-1, 1]. The caller stops the target's gradient."""
+    _require_2d("prediction", prediction)
+    if target.shape != prediction.shape:
+        raise ValueError(
+            f"target shape {tuple(target.shape)} must equal prediction shape {tuple(prediction.shape)}"
+        )
+    return -F.cosine_similarity(prediction, target, dim=1, eps=1e-8).mean()

@@ -251,14 +251,19 @@ def projection_mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int =
     return nn.Sequential(*layers)
 
 
-def batch_norm_mlp(in_dim: int, sizes: Sequence[int], hidden_bias: bool) -> nn.Sequential:
-    """The projector (expander) of Barlow Twins and VICReg: (Linear -> BatchNorm1d -> ReLU) for each
-    hidden width in ``sizes``, then Linear to ``sizes[-1]`` without bias. ``hidden_bias``: the hidden
-    Linears' bias (VICReg's main_vicreg.py Projector: yes; barlowtwins main.py: no)."""
-    dims = [in_dim, *sizes]
+def bn_mlp(
+    dims: Sequence[int], hidden_bias: bool = False, output_bias: bool = False, output_bn: bool = False
+) -> nn.Sequential:
+    """The batch-norm MLP heads of BYOL, SimSiam and MoCo v3: for ``dims`` = [in, hidden..., out],
+    (Linear -> BatchNorm1d -> ReLU) into every hidden width, then Linear to ``out``, then
+    BatchNorm1d(out, affine=False) when ``output_bn``. ``hidden_bias`` / ``output_bias``: whether
+    those Linears have a bias (BYOL's MLP: hidden yes, output no; SimSiam's predictor: the reverse;
+    MoCo v3's _build_mlp: none). torch's BatchNorm1d defaults (momentum 0.1, eps 1e-5) are the
+    official codes' (BYOL's haiku decay 0.9, eps 1e-5)."""
     layers: list[nn.Module] = []
-    for i in range(len(dims) - 2):
-        layers += [nn.Linear(dims[i], dims[i + 1], bias=hidden_bias), nn.BatchNorm1d(dims[i + 1])]
-        layers.append(nn.ReLU(inplace=True))
-    layers.append(nn.Linear(dims[-2], dims[-1], bias=False))
+    for d_in, d_out in zip(dims[:-2], dims[1:-1]):
+        layers += [nn.Linear(d_in, d_out, bias=hidden_bias), nn.BatchNorm1d(d_out), nn.ReLU(inplace=True)]
+    layers.append(nn.Linear(dims[-2], dims[-1], bias=output_bias))
+    if output_bn:
+        layers.append(nn.BatchNorm1d(dims[-1], affine=False))
     return nn.Sequential(*layers)

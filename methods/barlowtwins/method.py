@@ -12,7 +12,7 @@ which gives the same c but 1/W of the gradient: README.md).
 
 from sslbench.distributed import gather_with_grad
 from sslbench.losses import barlow_twins
-from sslbench.method import Method, batch_norm_mlp, exclude_bias_and_norm
+from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
 
 
 class BarlowTwins(Method):
@@ -21,7 +21,7 @@ class BarlowTwins(Method):
     def __init__(self, backbone, info, cfg):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
-        self.projector = batch_norm_mlp(self.feature_dim, p["projector"], hidden_bias=False)
+        self.projector = bn_mlp([self.feature_dim, *p["projector"]], hidden_bias=False)
         self.lambd = float(p["lambd"])
         self.bias_lr_scale = float(p["bias_lr_scale"])
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from sslbench.distributed import gather_with_grad
 from sslbench.losses import covariance_penalty, variance_hinge
-from sslbench.method import Method, batch_norm_mlp, exclude_bias_and_norm
+from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
 
 
 class VICReg(Method):
@@ -24,7 +24,7 @@ class VICReg(Method):
     def __init__(self, backbone, info, cfg):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
-        self.expander = batch_norm_mlp(self.feature_dim, p["expander"], hidden_bias=True)
+        self.expander = bn_mlp([self.feature_dim, *p["expander"]], hidden_bias=True)
         self.sim_coeff, self.std_coeff, self.cov_coeff = (
             float(p[k]) for k in ("sim_coeff", "std_coeff", "cov_coeff")
         )
