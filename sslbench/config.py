@@ -2,12 +2,13 @@
 settings of each run.
 
 The suite's settings (``load_config``): config/default.yaml, then each preset in order, then
-snakemake's ``--config`` overrides, each merged over the last. The settings of one run
-(``resolve_runs``), lowest precedence first: the suite's ``train`` settings, the method's own
-``methods/<name>/config.yaml``, then ``method_overrides.<name>``. The resolved settings of a run are
-stored in every checkpoint and result, so a number never loses the settings that produced it.
-The Snakefile, the CLI's bench, the report's statistics and the tests all read settings through
-these two functions.
+snakemake's ``--config`` overrides, each merged over the last. What the DAG runs (``plan_runs``):
+the runs, keyed by (pretraining dataset, method label), each protocol's evaluation targets and the
+datasets they load. The settings of one run, lowest precedence first: the suite's ``train``
+settings, the method's own ``methods/<name>/config.yaml``, ``method_overrides.<name>``, then a
+variant's settings (``variants``, ``sweeps``). The resolved settings of a run are stored in every
+checkpoint and result, so a number never loses the settings that produced it. The Snakefile, the
+CLI, the report's statistics and the tests all read settings through these functions.
 """
 
 from __future__ import annotations

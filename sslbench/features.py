@@ -64,10 +64,15 @@ def evaluation_data(checkpoint: dict, features_meta: dict | None) -> Dataset:
     """The images a protocol that needs them (fine-tuning, the paper-mode probe) evaluates on: the
     target its features were extracted from (the pretraining set when they say none)."""
     if features_meta and "eval" in features_meta:
-        return target_data(checkpoint, features_meta["eval"]["settings"])[0]
-    return target_data(checkpoint, {**checkpoint["cfg"]["dataset"], "label": checkpoint["meta"]["dataset"]})[
-        0
-    ]
+        target = features_meta["eval"]["settings"]
+    else:
+        target = pretraining_target(checkpoint)
+    return target_data(checkpoint, target)[0]
+
+
+def pretraining_target(checkpoint: dict) -> dict:
+    """The checkpoint's own pretraining set as an evaluation target (a dataset section and its label)."""
+    return {**checkpoint["cfg"]["dataset"], "label": checkpoint["meta"]["dataset"]}
 
 
 def eval_transform(checkpoint: dict, data: Dataset) -> EvalTransform:
@@ -97,7 +102,7 @@ def extract(
     """Features of ``target`` (a dataset section with its label; default: the pretraining set)."""
     dev = select_device(device)
     ckpt = read_checkpoint(checkpoint_path, "cpu")
-    target = target or {**ckpt["cfg"]["dataset"], "label": ckpt["meta"]["dataset"]}
+    target = target or pretraining_target(ckpt)
     data, record = target_data(ckpt, target)
     encoder = load_encoder(ckpt, data.image_size).to(dev)
     transform = eval_transform(ckpt, data).to(dev)

@@ -137,8 +137,9 @@ def write_run(folder: Path, method: str, seed: int, offset: float, rng) -> None:
         "images_per_s": 100.0 + seed,
         "peak_gpu_memory_bytes": (3 + seed) * 2**20 if method == "beta" else None,
         "device": "NVIDIA H200" if method == "beta" else "cpu (x86_64)",
-        "git_commit": "abc123",
-        "git_dirty": seed == 1,
+        # pcl was trained from a copy that is no git checkout (sslbench.provenance.git_state)
+        "git_commit": "unknown" if method == "pcl" else "abc123",
+        "git_dirty": None if method == "pcl" else seed == 1,
         "versions": {"torch": "2.0", "numpy": "2.4"},
     }
     (folder / "run.json").write_text(json.dumps({"cfg": cfg, "meta": meta}))
@@ -482,9 +483,13 @@ def test_cost_table_equals_cost_csv_and_run_json(report, page):
 
 def test_environment_shows_versions_commit_dirty_flag_and_config(report, page):
     versions = {r["package"][0]: r["version(s)"][0] for r in records(page, "table-versions")}
-    assert versions["torch"] == "2.0" and versions["git_commit"] == "abc123"
-    assert versions["git_dirty"] == "False, True" and "NVIDIA H200" in versions["device"]
-    assert len(records(page, "table-runs")) == 7
+    assert versions["torch"] == "2.0" and versions["git_commit"] == "abc123, unknown"
+    assert versions["git_dirty"] == "False, True, unknown" and "NVIDIA H200" in versions["device"]
+    runs = records(page, "table-runs")
+    assert len(runs) == 7
+    assert [(r["git_commit"][0], r["git_dirty"][0]) for r in runs if r["method"][0] == "pcl"] == [
+        ("unknown",) * 2
+    ]
     assert "&quot;epochs&quot;: 3" in report["html"]  # the resolved config, folded in <details>
 
 

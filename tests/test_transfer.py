@@ -196,6 +196,11 @@ def test_places205_rows_name_both_datasets_and_how_the_target_was_read(grey, fil
     assert json.loads(row["eval_dataset_settings"])["root"] == str(files["places"])
     top1 = {r["metric"]: r["value"] for r in rows}["top1"]
     assert top1 > 0.8  # the categories differ in colour, hence in luma: the pixels separate them
+    for protocol in ("knn", "clustering"):  # the other cached-feature protocols run on pixels too
+        metrics = read_result(run_protocol(protocol, path, {}, 0, tmp_path / "eval" / f"{protocol}.json"))[
+            "metrics"
+        ]
+        assert all(0 <= v <= 1 for v in metrics.values()) and metrics, protocol
 
 
 def test_semisup_on_a_transfer_target_fine_tunes_on_the_targets_labels(grey, files, tmp_path):

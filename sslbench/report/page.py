@@ -17,6 +17,7 @@ from ..stats import best_methods, headline_stats, headline_table, pair_id, pair_
 from .figures import Figure
 from .tables import (
     MATRIX_NOTE,
+    UNKNOWN,
     Run,
     Tables,
     comparisons_display,
@@ -170,9 +171,9 @@ def render_page(tables: Tables, figures: dict[str, list[Figure]], runs: list[Run
         "Environment",
         html_table(versions_display(environment), "table-versions")
         + html_table(
-            environment[["pretrain_dataset", "method", "seed", "device", "git_commit", "git_dirty"]].astype(
-                str
-            ),
+            environment[["pretrain_dataset", "method", "seed", "device", "git_commit", "git_dirty"]]
+            .fillna(UNKNOWN)
+            .astype(str),
             "table-runs",
         )
         + configs_html(runs),

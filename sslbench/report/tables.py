@@ -38,6 +38,7 @@ from ..stats import (
 )
 
 CSV_TABLES = ("summary", "comparisons", "reproduced", "cost", "environment")
+UNKNOWN = "unknown"  # what provenance.git_state says outside a git checkout
 
 
 class ReportInputError(SslbenchError, FileNotFoundError):
@@ -369,5 +370,6 @@ def versions_display(environment: pd.DataFrame) -> pd.DataFrame:
         for c in columns
     ]
     for key in ("git_commit", "git_dirty", "device"):
-        rows.append({"package": key, "version(s)": ", ".join(sorted(map(str, environment[key].unique())))})
+        values = environment[key].fillna(UNKNOWN).unique()  # git_dirty is None outside a git checkout
+        rows.append({"package": key, "version(s)": ", ".join(sorted(map(str, values)))})
     return pd.DataFrame(rows, columns=["package", "version(s)"])
