@@ -95,11 +95,12 @@ def method_sources(wildcards):
 
 def code(stage):
     """The code param of a stage's jobs: with `rerun_on_code_change`, a change to a file the job runs
-    reruns it (sslbench.config.code_param)."""
-    def param(wildcards, output):
+    reruns it (sslbench.config.code_param). A function of the wildcards alone: snakemake does not
+    track a param function that takes `output`."""
+    def param(wildcards):
         protocol = wildcards.get("protocol")
         folder = method_dir(wildcards) if stage == "pretrain" else None
-        return code_param(stage, output[0], RERUN_ON_CODE_CHANGE, folder, protocol)
+        return code_param(stage, dict(wildcards.items()), RERUN_ON_CODE_CHANGE, folder, protocol)
     return param
 
 

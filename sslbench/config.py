@@ -422,21 +422,28 @@ def preflight(config: dict, plan: Plan) -> None:
             raise ConfigError(f"config key `datasets.{label}`: {err}") from err
 
 
+# The file in which a job of each stage records the code it ran (provenance.code_record).
+CODE_RECORD_FILES = {"pretrain": RUN_DIR + "/run.json", "extract": FEATURES_FILE, "evaluate": RESULT_FILE}
+
+
 def code_param(
     stage: str,
-    output: str | Path,
+    wildcards: Mapping[str, str],
     rerun_on_code_change: bool,
     method_dir: str | Path | None = None,
     protocol: str | None = None,
 ) -> str:
-    """The `code` param of a job whose first output is ``output``: a digest of the files the job runs
+    """The `code` param of a job of ``stage`` with ``wildcards``: a digest of the files the job runs
     (``provenance.code_record``). With ``rerun_on_code_change`` it is their digest now, so that
     snakemake reruns a job when one changes; without, the digest the job recorded, so that a code
-    change reruns nothing (and turning the switch on reruns only the jobs whose code changed)."""
+    change reruns nothing (and turning the switch on reruns only the jobs whose code changed).
+
+    It takes the wildcards, never the job's output: snakemake tracks no param of a function that
+    takes `input` or `output` (it counts it as derived from the files)."""
     from .provenance import code_digest, code_record
 
     if not rerun_on_code_change:
-        recorded = recorded_code(stage, output)
+        recorded = recorded_code(stage, CODE_RECORD_FILES[stage].format(**wildcards))
         if recorded is not None:
             return code_digest(recorded)
     return code_digest(code_record(stage, method_dir, protocol))

@@ -84,7 +84,15 @@ def test_table_has_every_method_seed_and_its_settings(workflow):
 
 
 def test_dag_shows_pretrain_extract_evaluate_collect(workflow):
-    out = snakemake(workflow, "-n", "--forceall", "--cores", "2")
+    # with a transfer target for kNN: the pretrain job writes its own set's features, extract the others'
+    cfg = yaml.safe_load((workflow / "tiny.yaml").read_text())
+    cfg["datasets"]["digits6"] = {"name": "digits", "image_size": 6}
+    cfg["evaluation"]["knn"]["targets"] = ["pretrain", "digits6"]
+    (workflow / "target.yaml").write_text(yaml.safe_dump(cfg))
+    # the last --configfile wins: target.yaml is the whole tiny config and its target
+    out = snakemake(
+        workflow, "-n", "--forceall", "--cores", "2", "--configfile", str(workflow / "target.yaml")
+    )
     text = out.stdout + out.stderr
     for rule in ("pretrain", "extract", "evaluate", "collect", "report"):
         assert re.search(rf"^{rule}\s+\d+", text, re.M), text
