@@ -60,7 +60,7 @@ def test_loss_is_the_sum_of_both_directions_against_the_target(method_config, di
 
 
 def test_heads_are_networks_py_mlps_and_the_target_is_initialised_on_its_own(method_config, digits):
-    method = build(method_config, digits, proj_hidden_dim=32, pred_hidden_dim=24)
+    method = build(method_config, digits, proj_hidden_dim=32, pred_hidden_dim=24, target_init="own")
     d = method.feature_dim
     for mlp, dims in ((method.projector, (d, 32, 256)), (method.predictor, (256, 24, 256))):
         assert [type(m) for m in mlp] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]  # no output BN
