@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, tiny_suite_config
 from torch import nn
 
+from sslbench.config import ConfigError
 from sslbench.engine import Trainer, build_method, load_data
 from sslbench.losses import cosine_regression
 
@@ -60,7 +61,7 @@ def test_loss_is_the_sum_of_both_directions_against_the_target(method_config, di
 
 
 def test_heads_are_networks_py_mlps_and_the_target_is_initialised_on_its_own(method_config, digits):
-    method = build(method_config, digits, proj_hidden_dim=32, pred_hidden_dim=24)
+    method = build(method_config, digits, proj_hidden_dim=32, pred_hidden_dim=24, target_init="own")
     d = method.feature_dim
     for mlp, dims in ((method.projector, (d, 32, 256)), (method.predictor, (256, 24, 256))):
         assert [type(m) for m in mlp] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]  # no output BN
@@ -75,6 +76,8 @@ def test_heads_are_networks_py_mlps_and_the_target_is_initialised_on_its_own(met
     copied = build(method_config, digits, target_init="copy")
     pairs = zip(copied.target.parameters(), [*copied.backbone.parameters(), *copied.projector.parameters()])
     assert all(torch.equal(t, o) for t, o in pairs)
+    with pytest.raises(ConfigError, match="config key `target_init` must be own or copy, got 'twin'"):
+        build(method_config, digits, target_init="twin")
 
 
 def test_groups_exclude_biases_and_norms_and_never_hold_the_target(method_config, digits):

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from sslbench.backbones import backbone_from_config
+from sslbench.config import ConfigError
 from sslbench.losses import cosine_regression
 from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
 from sslbench.momentum import freeze, frozen_copy
@@ -33,13 +34,15 @@ class BYOL(Method):
         projector_dims = [self.feature_dim, p["proj_hidden_dim"], p["proj_dim"]]
         self.projector = bn_mlp(projector_dims, hidden_bias=True)  # networks.py MLP
         self.predictor = bn_mlp([p["proj_dim"], p["pred_hidden_dim"], p["proj_dim"]], hidden_bias=True)
-        # byol_experiment.py _make_initial_state: the target is initialised with its own random draw,
-        # not copied from the online network (the same architecture, built again).
-        if p.get("target_init", "own") == "copy":
-            self.target = frozen_copy([self.backbone, self.projector])
-        else:
+        # byol_experiment.py _make_initial_state gives the target its own random draw (`own`: the same
+        # architecture built again); `copy` starts it as the online network (the default's choice).
+        if p["target_init"] == "own":
             target_backbone = backbone_from_config(cfg, info.channels)
             self.target = freeze(nn.Sequential(target_backbone, bn_mlp(projector_dims, hidden_bias=True)))
+        elif p["target_init"] == "copy":
+            self.target = frozen_copy([self.backbone, self.projector])
+        else:
+            raise ConfigError(f"config key `target_init` must be own or copy, got {p['target_init']!r}")
 
     def online(self, view):
         return self.predictor(self.projector(self.backbone(view)))
