@@ -21,7 +21,9 @@ import yaml
 from .errors import ConfigError, SslbenchError  # noqa: F401  (ConfigError is this module's to raise)
 
 # Keys a method's config.yaml may use besides its own hyperparameters.
-METHOD_SECTIONS = ("train", "augment")
+METHOD_SECTIONS = ("train", "augment", "backbone")
+# What a method may set of the backbone (sslbench.backbones): the network itself is the suite's.
+METHOD_BACKBONE_KEYS = ("input_filter",)
 DEFAULT_FILE = "default.yaml"  # in the config folder; presets are merged over it
 SCHEMA_FILE = "schema.yaml"
 
@@ -252,10 +254,18 @@ def resolve_method_config(config: dict, methods_dir: str | Path, method: str) ->
             f"{method_file}: unknown key(s) {unknown_train} under `train`; known: {sorted(config['train'])}"
         )
     augment = merged.pop("augment", {}) or {}
+    backbone = merged.pop("backbone", {}) or {}
+    unknown_backbone = sorted(set(backbone) - set(METHOD_BACKBONE_KEYS))
+    if unknown_backbone:
+        raise ConfigError(
+            f"{method_file} (or method_overrides.{method}.backbone): key(s) {unknown_backbone} under "
+            f"`backbone`: a method may set only {list(METHOD_BACKBONE_KEYS)} there (the network is the "
+            "suite's `backbone` section)"
+        )
     return {
         "method": method,
         "dataset": copy.deepcopy(config["dataset"]),
-        "backbone": copy.deepcopy(config["backbone"]),
+        "backbone": {**copy.deepcopy(config["backbone"]), **backbone},
         "train": train,
         "augment": augment,
         "params": merged,
