@@ -7,6 +7,8 @@ returns the mean over anchors as a 0-d tensor and is differentiable.
 - supcon:     Supervised Contrastive loss (Khosla et al., 2020); with
               labels=None it is SimCLR's NT-Xent (Chen et al., 2020).
 - proto_nce:  one clustering's ProtoNCE term of PCL (Li et al., 2021).
+- instance_nce: InstDisc's (NPID) noise-contrastive estimation against a
+              memory bank (Wu et al., 2018).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = [
     "proto_nce",
     "PROTO_NCE_FORMS",
     "sample_negative_prototypes",
+    "instance_nce",
 ]
 
 
@@ -219,3 +222,31 @@ def proto_nce(
     selected = torch.cat([positive_ids, negative_ids.to(assignments.device)])
     logits = query @ prototypes[selected].T / concentration[None, selected]
     return F.cross_entropy(logits, targets.to(query.device))
+
+
+NCE_EPS = 1e-7  # lemniscate.pytorch lib/NCECriterion.py, in every denominator
+
+
+def instance_nce(probabilities: torch.Tensor, num_data: int) -> torch.Tensor:
+    """InstDisc's NCE loss (Wu et al., 2018, eqs. 5-7; lemniscate.pytorch lib/NCECriterion.py).
+
+    probabilities [B, 1 + K]: the model's P(i|v) = exp(w_i·v / T) / Z of each image's own memory row
+    (column 0) and of K noise rows drawn from the noise distribution P_n = 1 / num_data (uniform
+    over the memory bank). With h(i, v) = P(i|v) / (P(i|v) + K P_n), the posterior that (i, v)
+    came from the data, the loss is
+
+        -(1/B) sum_b [ log h(column 0) + sum_{j=1..K} log(1 - h(column j)) ]
+
+    (a sum over the noise, a mean over the batch), with the official 1e-7 in each denominator.
+    """
+    _require_2d("probabilities", probabilities)
+    if probabilities.shape[1] < 2:
+        raise ValueError(
+            f"probabilities need the positive and at least one noise column, got {probabilities.shape}"
+        )
+    _require_positive("num_data", num_data)
+    noise_mass = (probabilities.shape[1] - 1) / num_data  # K P_n
+    positive = probabilities[:, 0]
+    log_h = torch.log(positive / (positive + noise_mass + NCE_EPS))
+    log_not_h = torch.log(noise_mass / (probabilities[:, 1:] + noise_mass + NCE_EPS))
+    return -(log_h.sum() + log_not_h.sum()) / probabilities.shape[0]
