@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR
 
 from sslbench.backbones import SobelFilter
-from sslbench.clustering import pca_whiten, uniform_over_clusters
+from sslbench.clustering import kmeans, pca_whiten, uniform_over_clusters
 from sslbench.config import ConfigError
 from sslbench.engine import Trainer, pretrain
 from sslbench.features import embed, load_encoder, read_checkpoint
@@ -94,10 +94,16 @@ def test_each_reassignment_clusters_and_gives_a_fresh_top_layer(tmp_path, method
     first, initial = method.labels.clone(), top.weight.detach().clone()
     assert first.min() >= 0 and first.max() < 20 and log["reassign_seconds"] > 0
     assert log["clusters_empty"] == 0 and log["cluster_size_max"] < len(first)
-    # The labels are the nearest centroid of the PCA-whitened, L2-normalised evaluation features.
-    x = F.normalize(pca_whiten(t.forward_train_set(method.backbone), method.pca_dim), dim=1)
-    centroids = torch.stack([x[first == c].mean(0) for c in range(20)])
-    assert (torch.cdist(x, centroids).argmin(1) == first).float().mean() > 0.95  # k-means' fixed point
+    # clustering.py's order on the evaluation features: PCA-whitening, L2 normalisation, then faiss k-means
+    # (20 iterations, every point) with a seed drawn anew from the epoch's RNG
+    features = t.forward_train_set(method.backbone)
+    torch.manual_seed(7)
+    labels = method.cluster(features)
+    torch.manual_seed(7)
+    seed = int(torch.randint(2**31 - 1, ()))
+    x = F.normalize(pca_whiten(features, method.pca_dim), dim=1)
+    expected = kmeans(x, 20, seed=seed, niter=20, nredo=1, max_points_per_centroid=None).assignments
+    assert torch.equal(labels, expected)
     assert top.bias.abs().max() == 0 and abs(initial.std().item() - 0.01) < 0.001  # main.py's init
     for seed in range(3):
         t.train_step(*views_and_indices(t, seed), t.epoch_context())
@@ -107,6 +113,21 @@ def test_each_reassignment_clusters_and_gives_a_fresh_top_layer(tmp_path, method
     assert not torch.equal(method.labels, first)
     assert not torch.equal(top.weight, trained) and not torch.equal(top.weight, initial)
     assert top.bias.abs().max() == 0 and abs(top.weight.std().item() - 0.01) < 0.001
+
+
+def test_between_reassignments_the_clusters_and_the_top_layer_stay(tmp_path, method_config):
+    t = trainer(tmp_path, method_config, num_clusters=20, reassign=2)  # main.py --reassign 2
+    assert "reassign_seconds" in reassign(t)  # epoch 0
+    labels, top = t.method.labels.clone(), t.method.top_layer.weight.detach().clone()
+    t.train_step(*views_and_indices(t), t.epoch_context())
+    trained = t.method.top_layer.weight.detach().clone()
+    assert not torch.equal(trained, top)
+    t.state.epoch = 1
+    assert "reassign_seconds" not in reassign(t)  # epoch 1: no reassignment
+    assert torch.equal(t.method.labels, labels) and torch.equal(t.method.top_layer.weight, trained)
+    t.state.epoch = 2
+    assert "reassign_seconds" in reassign(t)
+    assert not torch.equal(t.method.top_layer.weight, trained)
 
 
 def views_and_indices(t: Trainer, seed=0):

@@ -42,10 +42,13 @@ class DeepCluster(Method):
                 f"got num_clusters {self.num_clusters}, pca_dim {self.pca_dim}"
             )
         self.kmeans_settings = dict(p["kmeans"])
+        self.reassign = int(p["reassign"])  # epochs between two reassignments (main.py --reassign)
         self.top_layer = nn.Linear(self.feature_dim, self.num_clusters)
         self.register_buffer("labels", torch.full((info.num_train,), -1))  # pseudo-labels; -1: none yet
 
     def on_epoch_start(self, ctx):
+        if ctx.epoch % self.reassign:
+            return  # the clusters and the top layer of the last reassignment (both checkpointed)
         start = time.perf_counter()
         self.labels.copy_(self.cluster(ctx.forward_train_set(self.backbone)))
         self.reset_top_layer()
