@@ -3,11 +3,17 @@
 The small-image stem (3x3 conv, stride 1, no max-pool) is the CIFAR convention
 of SimCLR, SupCon and most CIFAR reproductions of MoCo; it applies to timm's
 ResNet family, whose stem is ``conv1`` + ``bn1`` + ``maxpool``.
+
+An input filter is a fixed layer in front of the network, part of the backbone (so the encoder
+evaluated has it too): ``sobel``, DeepCluster's. A method asks for it in its config.yaml
+(``backbone: {input_filter: sobel}``); the suite's backbone section never sets it.
 """
 
 from __future__ import annotations
 
 import timm
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .errors import SslbenchError
@@ -18,6 +24,7 @@ class BackboneError(SslbenchError, ValueError):
 
 
 PIXELS = "pixels"
+INPUT_FILTERS = ("sobel",)
 
 
 class Pixels(nn.Module):
@@ -33,10 +40,24 @@ class Pixels(nn.Module):
 
 
 def create_backbone(
-    name: str, in_chans: int = 3, small_stem: bool = False, image_size: int | None = None, **kwargs
+    name: str,
+    in_chans: int = 3,
+    small_stem: bool = False,
+    image_size: int | None = None,
+    input_filter: str | None = None,
+    **kwargs,
 ) -> nn.Module:
     """A timm model with its classifier removed, or ``pixels`` (``Pixels``, for ``image_size`` images);
-    ``model.num_features`` is the feature size."""
+    ``model.num_features`` is the feature size. ``input_filter`` puts a fixed filter in front of it
+    (``FilteredBackbone``)."""
+    if input_filter is not None:
+        if input_filter not in INPUT_FILTERS:
+            raise BackboneError(
+                f"unknown input filter {input_filter!r} (a method's `backbone.input_filter`); known: "
+                f"{', '.join(INPUT_FILTERS)}"
+            )
+        net = create_backbone(name, SobelFilter.out_channels, small_stem, image_size, **kwargs)
+        return FilteredBackbone(SobelFilter(in_chans), net)
     if name == PIXELS:
         return Pixels(in_chans, image_size)
     if name not in timm.list_models():
@@ -54,12 +75,44 @@ def create_backbone(
 def backbone_from_config(cfg: dict, in_chans: int, image_size: int) -> nn.Module:
     """The backbone a run's settings name (their ``backbone`` section), for ``in_chans``-channel images
     of ``image_size`` pixels (only ``pixels`` depends on the size: timm's models pool it away)."""
+    section = cfg["backbone"]
     return create_backbone(
-        cfg["backbone"]["name"],
+        section["name"],
         in_chans=in_chans,
-        small_stem=cfg["backbone"].get("small_stem", False),
+        small_stem=section.get("small_stem", False),
         image_size=image_size,
+        input_filter=section.get("input_filter"),
     )
+
+
+class SobelFilter(nn.Module):
+    """DeepCluster's fixed input filter (models/alexnet.py, ``--sobel``): grey (the mean of the
+    channels: the official 1x1 convolution with weights 1/3; on one channel the identity), then the
+    horizontal and vertical 3x3 Sobel gradients with zero padding 1: [B, C, H, W] -> [B, 2, H, W].
+    The kernels are constants (buffers), so nothing trains or decays them."""
+
+    out_channels = 2
+
+    def __init__(self, in_chans: int):
+        super().__init__()
+        gx = torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.0, -2.0], [1.0, 0.0, -1.0]])
+        self.register_buffer("grey", torch.full((1, in_chans, 1, 1), 1.0 / in_chans), persistent=False)
+        self.register_buffer("gradients", torch.stack([gx, gx.T])[:, None], persistent=False)  # Gx, Gy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(F.conv2d(x, self.grey), self.gradients, padding=1)
+
+
+class FilteredBackbone(nn.Module):
+    """``net(input_filter(x))``, with ``net``'s ``num_features``."""
+
+    def __init__(self, input_filter: nn.Module, net: nn.Module):
+        super().__init__()
+        self.input_filter, self.net = input_filter, net
+        self.num_features = net.num_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.input_filter(x))
 
 
 def apply_small_stem(model: nn.Module, name: str) -> None:

@@ -22,6 +22,8 @@ mass is only near-equal), in float32 on the batch, and trains on the soft codes
 at every step. Under torch.distributed SwAV's sums over samples are all-reduced,
 so the ranks' batches form one problem. With many iterations SwAV's codes are
 SeLa's plan times N (tests/test_swav.py checks it).
+- pca_whiten:           DeepCluster's PCA-whitening of features before k-means (Caron et al., 2018).
+- uniform_over_clusters: DeepCluster's sampler: every non-empty cluster drawn equally often.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ __all__ = [
     "sinkhorn_labels",
     "equipartition_labels",
     "swav_sinkhorn",
+    "pca_whiten",
+    "uniform_over_clusters",
 ]
 
 
@@ -316,3 +320,54 @@ def swav_sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, iterations: int =
         q /= q.sum(dim=0, keepdim=True)  # every sample (local): mass 1/B
         q /= num_samples
     return (q * num_samples).T
+
+
+def pca_whiten(features: torch.Tensor, dim: int) -> torch.Tensor:
+    """DeepCluster's PCA-whitening (clustering.py preprocess_features: faiss.PCAMatrix(D, dim,
+    eigen_power=-0.5), trained and applied on the same features): the centred rows [N, D] projected
+    on the ``dim`` principal axes of largest variance, each divided by the square root of its
+    variance, so every output column has variance 1 (faiss divides by the eigenvalues of the scatter
+    matrix, N times the covariance: its output is this one / sqrt(N), a factor the L2 normalisation
+    that follows in DeepCluster removes). Float64
+    inside; float32 [N, dim] out, on the features' device. An axis of (numerically) no variance
+    cannot be whitened (faiss divides by zero): its column is 0, with a RuntimeWarning."""
+    if features.dim() != 2:
+        raise ValueError(f"pca_whiten needs features [N, D], got shape {tuple(features.shape)}")
+    if not 1 <= dim <= features.shape[1]:
+        raise ValueError(f"pca_whiten needs 1 <= dim <= {features.shape[1]} (the feature width), got {dim}")
+    x = features.detach().double()
+    x = x - x.mean(dim=0)
+    variances, axes = torch.linalg.eigh(x.T @ x / x.shape[0])  # ascending
+    variances, axes = variances.flip(0)[:dim], axes.flip(1)[:, :dim]
+    flat = variances <= 1e-12 * variances[0].clamp_min(torch.finfo(torch.float64).tiny)
+    if flat.any():
+        warnings.warn(
+            f"pca_whiten: {int(flat.sum())} of the {dim} principal axes have no variance (the features span "
+            f"{dim - int(flat.sum())} dimensions); their columns are 0",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    scale = torch.where(flat, torch.zeros_like(variances), variances.clamp_min(1e-300).rsqrt())
+    return (x @ axes * scale).float()
+
+
+def uniform_over_clusters(labels: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` image indices drawn uniformly over the non-empty clusters (DeepCluster's
+    util.py UnifLabelSampler): with k' non-empty clusters, s = floor(count / k') + 1 indices from
+    each (with replacement where the cluster holds at most s images, else without), all k' s of
+    them shuffled and the first ``count`` kept. So each cluster gets at most s and at least
+    s - (k' s - count) of the ``count``. ``labels`` [N]: the cluster of every image; ``generator``
+    a CPU generator (the only randomness). LongTensor [count] on the CPU."""
+    labels = labels.reshape(-1).cpu()
+    by_cluster = torch.argsort(labels, stable=True)
+    sizes = torch.unique_consecutive(labels[by_cluster], return_counts=True)[1]
+    members = by_cluster.split(sizes.tolist())  # the images of each non-empty cluster
+    per_cluster = count // len(members) + 1
+    draws = []
+    for images in members:
+        if len(images) <= per_cluster:
+            draws.append(images[torch.randint(len(images), (per_cluster,), generator=generator)])
+        else:
+            draws.append(images[torch.randperm(len(images), generator=generator)[:per_cluster]])
+    pool = torch.cat(draws)
+    return pool[torch.randperm(len(pool), generator=generator)[:count]]

@@ -26,7 +26,7 @@ from .batches import batch_source
 from .config import ConfigError, dataset_label
 from .data import Dataset, load_data
 from .errors import SslbenchError
-from .loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate, shuffled_batches
+from .loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate
 from .method import DataInfo, EpochContext, Method, checked_param_groups
 from .momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from .plugins import load_method_class
@@ -361,13 +361,22 @@ class Trainer:
             torch.cuda.synchronize()  # the hook's own time
         return order_gen, view_gen, ctx, time.perf_counter() - t0
 
+    def epoch_batches(self, generator: torch.Generator) -> list[torch.Tensor]:
+        """The epoch's global batches: the method's order (a random permutation unless it samples)
+        cut into ``steps_per_epoch`` full batches (drop_last: fixed-size batches, for queues)."""
+        order = self.method.epoch_order(len(self.labels), generator)
+        if order.shape != (len(self.labels),):
+            raise ValueError(
+                f"{type(self.method).__name__}.epoch_order() must return {len(self.labels)} indices (one "
+                f"per training image), got shape {tuple(order.shape)}"
+            )
+        return list(order.split(self.batch_size)[: self.steps_per_epoch])
+
     def train_epoch(self) -> dict:
         epoch = self.state.epoch
         order_gen, view_gen, ctx, hook_seconds = self.start_epoch()
         mine = slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
-        # drop_last (min_size = batch_size): fixed-size batches (queues); each rank takes its shard
-        batches = shuffled_batches(len(self.labels), self.batch_size, order_gen, min_size=self.batch_size)
-        index_batches = [batch[mine] for batch in batches]
+        index_batches = [batch[mine] for batch in self.epoch_batches(order_gen)]  # each rank its shard
         image_batches = self.images.iterate(index_batches)
         total, seen = 0.0, 0
         t_steps = time.perf_counter()

@@ -17,6 +17,8 @@ Parameter groups (``make_optimizer``): a group is a dict with ``params`` and any
 - ``fixed_lr`` (False): the schedule never moves the group: its lr stays ``base_lr`` (SimSiam's
                         predictor, ``--fix-pred-lr``);
 - ``weight_decay``:     the group's own (default ``train.weight_decay``);
+- ``momentum``:         the group's own SGD / LARS momentum (default ``train.momentum``; DeepCluster's
+                        top layer: 0, its own SGD without momentum). AdamW has none: an error;
 - ``exclude_from_lars`` (False): LARS neither adapts nor decays the group (biases and norm
                         parameters in BYOL, Barlow Twins, VICReg, MoCo v3); it must have weight
                         decay 0. Under SGD / AdamW the flag does nothing (the weight decay does).
@@ -134,6 +136,11 @@ def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> t
             groups, lr=train["lr"], momentum=train["momentum"], weight_decay=train["weight_decay"], **fused
         )
     if name == "adamw":
+        if any("momentum" in group for group in groups):
+            raise ConfigError(
+                "config key `train.optimizer`: adamw has no momentum, but a parameter group sets its own "
+                "`momentum`; use sgd or lars for this method"
+            )
         return torch.optim.AdamW(groups, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
     if name == "lars":
         return make_lars(groups, train)

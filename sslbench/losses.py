@@ -21,6 +21,8 @@ lose too much in bf16: a diagonal entry near 1 has a resolution of 2^-8):
 - barlow_twins:  the cross-correlation of the batch-standardised embeddings pulled to the identity
                  (Zbontar et al., 2021), with cross_correlation and off_diagonal.
 - variance_hinge, covariance_penalty: VICReg's variance and covariance terms (Bardes et al., 2022).
+- instance_nce: InstDisc's (NPID) noise-contrastive estimation against a
+              memory bank (Wu et al., 2018).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "batch_info_nce",
     "cosine_regression",
     "negative_cosine",
+    "instance_nce",
 ]
 
 
@@ -379,3 +382,31 @@ def negative_cosine(prediction: torch.Tensor, target: torch.Tensor) -> torch.Ten
             f"target shape {tuple(target.shape)} must equal prediction shape {tuple(prediction.shape)}"
         )
     return -F.cosine_similarity(prediction, target, dim=1, eps=1e-8).mean()
+
+
+NCE_EPS = 1e-7  # lemniscate.pytorch lib/NCECriterion.py, in every denominator
+
+
+def instance_nce(probabilities: torch.Tensor, num_data: int) -> torch.Tensor:
+    """InstDisc's NCE loss (Wu et al., 2018, eqs. 5-7; lemniscate.pytorch lib/NCECriterion.py).
+
+    probabilities [B, 1 + K]: the model's P(i|v) = exp(w_i·v / T) / Z of each image's own memory row
+    (column 0) and of K noise rows drawn from the noise distribution P_n = 1 / num_data (uniform
+    over the memory bank). With h(i, v) = P(i|v) / (P(i|v) + K P_n), the posterior that (i, v)
+    came from the data, the loss is
+
+        -(1/B) sum_b [ log h(column 0) + sum_{j=1..K} log(1 - h(column j)) ]
+
+    (a sum over the noise, a mean over the batch), with the official 1e-7 in each denominator.
+    """
+    _require_2d("probabilities", probabilities)
+    if probabilities.shape[1] < 2:
+        raise ValueError(
+            f"probabilities need the positive and at least one noise column, got {probabilities.shape}"
+        )
+    _require_positive("num_data", num_data)
+    noise_mass = (probabilities.shape[1] - 1) / num_data  # K P_n
+    positive = probabilities[:, 0]
+    log_h = torch.log(positive / (positive + noise_mass + NCE_EPS))
+    log_not_h = torch.log(noise_mass / (probabilities[:, 1:] + noise_mass + NCE_EPS))
+    return -(log_h.sum() + log_not_h.sum()) / probabilities.shape[0]

@@ -20,7 +20,9 @@ AMP, DDP and logs.
         def on_step_end(self, ctx) -> None         # optional: state updates after the step
         def encoder(self) -> nn.Module             # the network evaluated
 
-One training step, as the engine runs it:
+One epoch, as the engine runs it: ``on_epoch_start(ctx)``, then ``epoch_order(N, generator)`` (a
+random permutation of the N training images unless the method samples) cut into full batches, each
+rank taking its shard of every batch; one training step per batch:
 
     views = augment(images)                    # num_views global views, then local crops
     loss = method.training_loss(views, labels, indices)
@@ -145,6 +147,13 @@ class Method(nn.Module):
     def on_epoch_start(self, ctx: EpochContext) -> None:
         """Called before every epoch (including the first)."""
 
+    def epoch_order(self, num_train: int, generator: torch.Generator) -> torch.Tensor:
+        """The training images of the epoch, in the order they are batched (called after
+        ``on_epoch_start``): ``num_train`` indices, the same on every rank, so draw only
+        from ``generator``. Default: a random permutation; DeepCluster samples uniformly over its
+        clusters (an index may then repeat)."""
+        return torch.randperm(num_train, generator=generator)
+
     def on_before_step(self, ctx: EpochContext) -> None:
         """Called after the backward pass (gradients averaged over ranks), before the optimiser
         step: clip gradients or set them to None (a frozen layer: no update, no weight decay)."""
@@ -163,7 +172,7 @@ class Method(nn.Module):
 
 
 REQUIRED_HOOKS = ("training_loss",)
-GROUP_OPTIONS = ("params", "lr_scale", "fixed_lr", "weight_decay", "exclude_from_lars")
+GROUP_OPTIONS = ("params", "lr_scale", "fixed_lr", "weight_decay", "momentum", "exclude_from_lars")
 
 
 def checked_param_groups(method: Method) -> list[dict]:

@@ -3,8 +3,11 @@ by torchrun), computes what one process computes on the whole batch.
 
 Every folder under methods/ is checked (discovery, not a list), and tests/methods/exerciser (parameter
 groups under LARS, a cosine momentum pair, multi-crop views, a gradient hook), through the engine's own
-path: the method's ``on_epoch_start`` hook with a real ``EpochContext`` (``Trainer.epoch_context``), then
-one ``Trainer.train_step`` (DDP-wrapped under torchrun) on a fixed global batch, each rank taking its shard.
+path: the epoch's start (``Trainer.start_epoch``: the global RNG seeded per rank, as in training, then
+the method's ``on_epoch_start`` hook with a real ``EpochContext``), then one ``Trainer.train_step``
+(DDP-wrapped under torchrun) on a fixed global batch, each rank taking its shard. The one process is
+rank 0, so a rank that draws random numbers of its own (a k-means seed, a fresh layer, noise indices)
+instead of rank 0's differs from it.
 One torchrun start runs every method (start-up is slow); this module is also that run's script.
 Compared with one process on the same global batch and views:
 
@@ -47,7 +50,11 @@ from sslbench.engine import Trainer
 pytestmark = pytest.mark.slow
 
 FOLDERS = contract_folders()  # every method folder and the test method that uses the whole contract
-METHODS = list(FOLDERS)
+# Every folder with its own settings, plus the settings of paths a default does not take:
+# {case: (method, method_overrides)}.
+CASES = {method: (method, {}) for method in FOLDERS} | {
+    "instdisc-nce": ("instdisc", {"num_negatives": 64}),  # NCE (the ImageNet presets'); the default: softmax
+}
 GLOBAL_BATCH = 32  # 16 per rank: several images per class on each rank (SupCon's positives)
 HOOK_EPOCH = 4
 
@@ -58,8 +65,9 @@ def torchrun(*args: str, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def contract_config(method: str) -> dict:
-    suite = tiny_suite_config(epochs=30, batch_size=GLOBAL_BATCH)
+def contract_config(case: str) -> dict:
+    method, overrides = CASES[case]
+    suite = tiny_suite_config(epochs=30, batch_size=GLOBAL_BATCH) | {"method_overrides": {method: overrides}}
     return resolve_method_config(suite, FOLDERS[method].parent, method)
 
 
@@ -67,12 +75,13 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: value.detach().clone() for name, value in module.state_dict().items()}
 
 
-def contract_record(method: str, out_dir: Path) -> dict:
-    """What this process computes for `method`: (a) to (d) of the module docstring, on its shard."""
-    trainer = Trainer(FOLDERS[method], contract_config(method), 0, out_dir, device="cpu", progress=False)
+def contract_record(case: str, out_dir: Path) -> dict:
+    """What this process computes for `case`: (a) to (d) of the module docstring, on its shard."""
+    trainer = Trainer(
+        FOLDERS[CASES[case][0]], contract_config(case), 0, out_dir, device="cpu", progress=False
+    )
     trainer.state.epoch, trainer.state.step = HOOK_EPOCH, HOOK_EPOCH * trainer.steps_per_epoch
-    ctx = trainer.epoch_context()
-    trainer.method.on_epoch_start(ctx)
+    _, _, ctx, _ = trainer.start_epoch()
     record = {"epoch_start": snapshot(trainer.method)}
     if trainer.method.trains:
         g = torch.Generator().manual_seed(1)
@@ -89,7 +98,7 @@ def contract_record(method: str, out_dir: Path) -> dict:
         with torch.no_grad():
             for p in trainer.method.parameters():
                 p.add_(0.01 * dist.rank() * torch.randn_like(p))
-        trainer.method.on_epoch_start(trainer.epoch_context())
+        trainer.start_epoch()
         record["epoch_start_perturbed"] = {name: b.clone() for name, b in trainer.method.named_buffers()}
     return record
 
@@ -98,9 +107,9 @@ def ddp_main(out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
     out = Path(out_dir)
-    for method in METHODS:
-        record = contract_record(method, out / method)
-        torch.save(record, out / f"{method}.rank{dist.rank()}.pt")
+    for case in CASES:
+        record = contract_record(case, out / case)
+        torch.save(record, out / f"{case}.rank{dist.rank()}.pt")
     dist.shutdown()
 
 
@@ -109,7 +118,7 @@ def ddp_records(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     run = torchrun(__file__, str(out), timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return lambda method: [torch.load(out / f"{method}.rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return lambda case: [torch.load(out / f"{case}.rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
 def assert_same_state(got: dict, expected: dict, what: str) -> None:
@@ -121,11 +130,11 @@ def assert_same_state(got: dict, expected: dict, what: str) -> None:
             assert torch.equal(got[name], expected[name]), f"{what}: {name}"
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_two_processes_compute_what_one_process_computes_on_the_whole_batch(method, ddp_records, tmp_path):
+@pytest.mark.parametrize("case", CASES)
+def test_two_processes_compute_what_one_process_computes_on_the_whole_batch(case, ddp_records, tmp_path):
     torch.set_num_threads(1)
-    one = contract_record(method, tmp_path)
-    ranks = ddp_records(method)
+    one = contract_record(case, tmp_path)
+    ranks = ddp_records(case)
     for r, record in enumerate(ranks):
         assert_same_state(record["epoch_start"], one["epoch_start"], f"rank {r}, after on_epoch_start")
     if "loss" in one:
