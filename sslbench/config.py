@@ -29,6 +29,8 @@ METHOD_SECTIONS = ("train", "augment", "backbone")
 DEFAULT_FILE = "default.yaml"  # in the config folder; presets are merged over it
 SCHEMA_FILE = "schema.yaml"
 NOT_TIMM_BACKBONES = ("pixels",)  # sslbench.backbones builds these itself
+# What a method's `backbone:` may add to the suite's backbone keys (sslbench.backbones).
+METHOD_BACKBONE_KEYS = ("input_filter",)
 # The protocols whose code takes multi-label targets ([N, classes] in the VOC devkit's codes);
 # tests/test_transfer.py checks this against what each protocol does with such features.
 MULTILABEL_PROTOCOLS = ("lowshot_svm",)
@@ -582,6 +584,12 @@ def resolve_method_config(
         )
     augment = merged.pop("augment", {}) or {}
     backbone = deep_merge(config["backbone"], merged.pop("backbone", {}) or {})
+    unknown_backbone = sorted(set(backbone) - set(config["backbone"]) - set(METHOD_BACKBONE_KEYS))
+    if unknown_backbone:
+        raise ConfigError(
+            f"{method_file} (or method_overrides.{method}.backbone): unknown key(s) {unknown_backbone} under "
+            f"`backbone`; known: {sorted(set(config['backbone']) | set(METHOD_BACKBONE_KEYS))}"
+        )
     label = pretrain or config["pretrain"][0]
     return {
         "method": method,

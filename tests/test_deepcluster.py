@@ -154,8 +154,10 @@ def test_the_top_layer_trains_without_momentum_the_rest_with_it(tmp_path, method
 def test_a_pca_dimension_above_the_feature_width_is_a_config_error(tmp_path, method_config):
     with pytest.raises(ConfigError, match="pca_dim <= 96"):
         trainer(tmp_path, method_config, pca_dim=256)
-    with pytest.raises(ConfigError, match=r"a method may set only \['input_filter'\]"):
-        method_config("deepcluster", backbone={"name": "resnet18"})
+    with pytest.raises(
+        ConfigError, match=r"unknown key\(s\) \['sobel'\] under `backbone`; known: .*'input_filter'"
+    ):
+        method_config("deepcluster", backbone={"sobel": True})
 
 
 # --- the Sobel filter ------------------------------------------------------------------------
