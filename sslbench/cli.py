@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sections",
         nargs="+",
         default=None,
-        help="step views knn kmeans sinkhorn memory dag (default: all but dag)",
+        help="step split_bn views knn kmeans sinkhorn memory dag (default: all but dag)",
     )
     p.add_argument("--quick", action="store_true", help="sizes / 10, fewer repeats")
     p.add_argument("--config", default=None, help="a preset merged over config/default.yaml")

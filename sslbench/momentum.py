@@ -180,7 +180,11 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
     [n, c, h, w] as [n/s, s*c, h, w] makes the sub-batches channel groups without a copy; the
     batches are shuffled, so any fixed split is a random one). The running statistics
     move towards the mean of the sub-batches' statistics. In eval mode it is plain BatchNorm2d,
-    and its state dict is BatchNorm2d's, so a trained backbone loads into an unmodified one."""
+    and its state dict is BatchNorm2d's, so a trained backbone loads into an unmodified one.
+
+    It computes bit for bit what the demo's layer computes: one batch norm over the grouped batch
+    with the weight, bias and running statistics repeated per split, then the repeated statistics
+    averaged back (tests/test_split_batch_norm.py holds that formulation and checks equality)."""
 
     def __init__(self, num_features: int, num_splits: int, **kwargs):
         super().__init__(num_features, **kwargs)
@@ -199,29 +203,28 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
                 "(config key `bn_splits` must divide the batch size)"
             )
         factor = 0.0 if self.momentum is None else self.momentum
+        mean = var = None
         if self.track_running_stats:
             self.num_batches_tracked.add_(1)
             if self.momentum is None:  # cumulative average, as nn.BatchNorm2d
                 factor = 1.0 / float(self.num_batches_tracked)
+            # Every split starts from the shared statistics; batch norm moves each copy in place.
+            mean = torch.cat((self.running_mean,) * s)
+            var = torch.cat((self.running_var,) * s)
+        weight = bias = None
+        if self.affine:
+            weight = self.weight.expand(s, c).reshape(-1)
+            bias = self.bias.expand(s, c).reshape(-1)
         # [n, c, h, w] -> [n/s, s*c, h, w], a view of contiguous x: channel group j = samples j (mod s).
-        grouped = x.reshape(n // s, s * c, h, w)
-        running_mean = self.running_mean.repeat(s) if self.track_running_stats else None
-        running_var = self.running_var.repeat(s) if self.track_running_stats else None
-        out = F.batch_norm(
-            grouped,
-            running_mean,
-            running_var,
-            self.weight.repeat(s) if self.affine else None,
-            self.bias.repeat(s) if self.affine else None,
-            True,
-            factor,
-            self.eps,
-        )
-        if self.track_running_stats:
-            with torch.no_grad():
-                self.running_mean.copy_(running_mean.view(s, c).mean(0))
-                self.running_var.copy_(running_var.view(s, c).mean(0))
-        return out.reshape(n, c, h, w)
+        out = F.batch_norm(x.reshape(n // s, s * c, h, w), mean, var, weight, bias, True, factor, self.eps)
+        if self.track_running_stats:  # the splits' statistics averaged, as the demo averages them
+            torch.mean(mean.view(s, c), 0, out=self.running_mean)
+            torch.mean(var.view(s, c), 0, out=self.running_var)
+        # Not out.reshape: timm's in-place activation and residual add would then write into a view,
+        # and autograd would copy each layer's whole gradient three times (CopySlices), most of what
+        # split BN used to cost a step. _unsafe_view records no view; it is safe because nothing else
+        # holds the grouped output (batch norm's backward keeps its input, never its output).
+        return torch.ops.aten._unsafe_view(out, (n, c, h, w))
 
 
 def use_split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:

@@ -105,6 +105,22 @@ def test_step_and_views_rows_for_each_method(tmp_path):
     assert (frame["torch_threads"] == 1).all() and frame["git_commit"].str.len().gt(0).all()
 
 
+def test_split_bn_rows_time_moco_with_and_without_split_bn(tmp_path):
+    # batch 36: the config's bn_splits 4 divides it, the demo's 8 does not (no row for 8).
+    config = tiny_config()
+    config["train"]["batch_size"] = 36
+    _, frame = bench(tmp_path, ["split_bn"], config=config)
+    rows = rows_of(frame, "split_bn")
+    assert list(rows.index) == ["moco step, bn_splits 4", "BatchNorm2d layers, 4 splits"]
+    step, layers = rows.iloc[0], rows.iloc[1]
+    assert step["ratio_is"] == "step with split BN / step with bn_splits 1" and step["target"] == "<= 1.03"
+    assert step["meets_target"] == (step["ratio"] <= 1.03)
+    assert "batch 36" in step["notes"] and "test_resnet at 8px" in step["notes"]
+    assert layers["ratio_is"] == "SplitBatchNorm2d / BatchNorm2d" and "(batch 36)" in layers["notes"]
+    assert (rows["value"] > 0).all() and (rows["reference"] > 0).all()
+    assert_ratios_positive_and_finite(frame)
+
+
 def test_knn_faiss_and_sklearn_predict_the_same(tmp_path):
     _, frame = bench(tmp_path, ["knn"])
     knn = rows_of(frame, "knn")

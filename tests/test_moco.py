@@ -11,7 +11,6 @@ from conftest import METHODS_DIR, preset_config
 from torch import nn
 
 from sslbench.augment import ViewConfig, view_config
-from sslbench.backbones import create_backbone
 from sslbench.config import resolve_method_config
 from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method
@@ -19,7 +18,6 @@ from sslbench.losses import info_nce
 from sslbench.momentum import (
     KeyQueue,
     MomentumEncoder,
-    SplitBatchNorm2d,
     check_version,
     fit_queue_size,
     moco_head,
@@ -166,75 +164,6 @@ def test_effective_queue_size_shrinks_with_a_warning_on_small_data(method_config
         assert fit_queue_size(128, 64, 1000) == 128  # fits: no warning
     with pytest.raises(ValueError, match="too few"):
         fit_queue_size(128, 64, 100)
-
-
-# --- split batch norm ----------------------------------------------------------------------
-
-
-def random_bn(bn):
-    with torch.no_grad():
-        bn.weight.uniform_(0.5, 1.5)
-        bn.bias.uniform_(-0.5, 0.5)
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
-    return bn
-
-
-def test_split_bn_with_one_split_is_plain_batch_norm_in_train_mode():
-    plain = random_bn(nn.BatchNorm2d(3)).train()
-    split = SplitBatchNorm2d(3, num_splits=1).train()
-    split.load_state_dict(plain.state_dict())
-    x = torch.randn(8, 3, 5, 5, requires_grad=True)
-    out_split, out_plain = split(x), plain(x)
-    torch.testing.assert_close(out_split, out_plain)
-    torch.testing.assert_close(split.running_mean, plain.running_mean)
-    torch.testing.assert_close(split.running_var, plain.running_var)
-    grad_split = torch.autograd.grad(out_split.pow(2).sum(), [x, split.weight])
-    grad_plain = torch.autograd.grad(out_plain.pow(2).sum(), [x, plain.weight])
-    for a, b in zip(grad_split, grad_plain):
-        torch.testing.assert_close(a, b)
-
-
-def test_split_bn_normalises_each_sub_batch_on_its_own():
-    split = random_bn(SplitBatchNorm2d(3, num_splits=4)).train()
-    start_mean, start_var = split.running_mean.clone(), split.running_var.clone()
-    x = torch.randn(16, 3, 5, 5) * torch.arange(1.0, 17.0).view(16, 1, 1, 1)  # sub-batches differ
-    out = split(x)
-    expected, means, variances = torch.empty_like(out), [], []
-    for j in range(4):  # sub-batch j: samples j, j + 4, j + 8, j + 12 (moco's CIFAR demo split)
-        mean, var = start_mean.clone(), start_var.clone()
-        expected[j::4] = F.batch_norm(
-            x[j::4], mean, var, split.weight, split.bias, True, split.momentum, split.eps
-        )
-        means.append(mean)
-        variances.append(var)
-    torch.testing.assert_close(out, expected)
-    torch.testing.assert_close(split.running_mean, torch.stack(means).mean(0))
-    torch.testing.assert_close(split.running_var, torch.stack(variances).mean(0))
-    split.eval()  # evaluation: plain batch norm with the running statistics
-    plain = nn.BatchNorm2d(3).eval()
-    plain.load_state_dict(split.state_dict())
-    torch.testing.assert_close(split(x), plain(x))
-
-
-def test_split_bn_rejects_a_batch_it_cannot_split():
-    with pytest.raises(ValueError, match="bn_splits"):
-        SplitBatchNorm2d(3, num_splits=4).train()(torch.randn(6, 3, 2, 2))
-
-
-def test_split_bn_conversion_keeps_the_state_dict_of_the_backbone(method_config):
-    method = build(method_config, bn_splits=4)
-    split_layers = [m for m in method.backbone.modules() if isinstance(m, nn.BatchNorm2d)]
-    assert split_layers and all(isinstance(m, SplitBatchNorm2d) for m in split_layers)
-    assert all(
-        isinstance(m, SplitBatchNorm2d) for m in method.key_encoder.modules() if isinstance(m, nn.BatchNorm2d)
-    )
-    plain = create_backbone(method.cfg["backbone"]["name"], in_chans=1)
-    plain.load_state_dict(method.encoder().state_dict())  # the evaluated encoder loads into timm's
-    with pytest.raises(ValueError, match="bn_splits"):
-        use_split_batch_norm(nn.Sequential(nn.BatchNorm1d(4)), 2)
-    with pytest.raises(ValueError, match="bn_splits"):
-        build(method_config, bn_splits=5)  # does not divide the batch of 64
 
 
 # --- versions ------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ repeats. Sections (``run_bench(sections=...)``):
             forward) and optimiser (loss = mean of the backbone's outputs). Views are made for both but timed
             apart;
             on_epoch_start hooks (PCL's E-step, SeLa's relabelling) are timed apart, per call.
+- split_bn: MoCo's step with split batch norm (``bn_splits`` 8, the CIFAR demo's, and the
+            config's own, each that divides the batch) against the same step with ``bn_splits`` 1,
+            and the backbone's batch-norm layers alone, split against plain.
 - views:    the view pipeline's images/s against the backbone's forward+backward images/s.
 - knn:      faiss ``knn_classify`` against scikit-learn's brute-force cosine kNN: speed-up and
             prediction agreement, on random float32 features.
@@ -24,7 +27,7 @@ repeats. Sections (``run_bench(sections=...)``):
 Every row is written to ``results/bench.csv`` (atomically) with the device, thread count,
 git commit and load average it was measured under.
 
-Modules: ``core`` (settings, rows, the table, timing helpers), ``step`` (step, views), ``solvers``
+Modules: ``core`` (settings, rows, the table, timing helpers), ``step`` (step, split_bn, views), ``solvers``
 (knn, kmeans, sinkhorn), ``jobs`` (memory, dag: snakemake in child processes).
 """
 
@@ -56,12 +59,13 @@ from .core import (
 )
 from .jobs import bench_dag, bench_memory
 from .solvers import bench_kmeans, bench_knn, bench_sinkhorn
-from .step import bench_step, bench_views
+from .step import bench_split_bn, bench_step, bench_views
 
 __all__ = ["COLUMNS", "DEFAULT_SECTIONS", "SECTIONS", "Repeats", "Sizes", "run_bench"]
 
 SECTION_RUNNERS: dict[str, Callable[[Bench], list[dict]]] = {
     "step": bench_step,
+    "split_bn": bench_split_bn,
     "views": bench_views,
     "knn": bench_knn,
     "kmeans": bench_kmeans,

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 METHODS_DIR = REPO / "methods"
 CONFIG_DIR = REPO / "config"
 
-SECTIONS = ("step", "views", "knn", "kmeans", "sinkhorn", "memory", "dag")
+SECTIONS = ("step", "split_bn", "views", "knn", "kmeans", "sinkhorn", "memory", "dag")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "dag")  # dag takes minutes: only when asked
 COLUMNS = [
     "section",

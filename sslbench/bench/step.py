@@ -1,7 +1,8 @@
-"""The step and views sections: each method's training step (the engine's own: Trainer.make_views,
-train_step, start_epoch) against a bare forward/backward/step loop on the same backbone, batch and
-views, and the view pipeline against the model, for each method's views and for multi-crop
-(SwAV's 2 global + 6 local crops, scaled to the image: ``MULTI_CROP``)."""
+"""The step, split_bn and views sections: each method's training step (the engine's own:
+Trainer.make_views, train_step, start_epoch) against a bare forward/backward/step loop on the same
+backbone, batch and views; MoCo's step with split batch norm against the same step with plain batch
+norm; the view pipeline against the model, for each method's views and for multi-crop (SwAV's 2 global
++ 6 local crops, scaled to the image: ``MULTI_CROP``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ MULTI_CROP = {
         {"count": 6, "size": 0.43, "crop_scale": [0.05, 0.14]},
     ],
 }
+SPLIT_BN_TARGET = ("<=", 1.03)  # MoCo step with split BN / with plain BN (issue 18)
+SPLIT_BN_SPLITS = 8  # MoCo's CIFAR demo (--bn-splits 8); the config's own value is timed too
 
 
 class BareLoop:
@@ -56,10 +59,13 @@ class BareLoop:
         self.optimizer.step()
 
 
-def build_trainer(name: str, bench: Bench):
+def build_trainer(name: str, bench: Bench, **params):
+    """The engine's Trainer of a method as the bench's config sets it up (``params`` override the
+    method's own settings)."""
     from ..engine import Trainer
 
     cfg = resolve_method_config(bench.config, METHODS_DIR, name)
+    cfg["params"].update(params)
     return Trainer(
         METHODS_DIR / name,
         cfg,
@@ -203,6 +209,112 @@ def step_rows(name: str, trainer, pairs, hooks: list[float]) -> list[dict]:
             )
         )
     return rows
+
+
+def bench_split_bn(bench: Bench) -> list[dict]:
+    """MoCo's step with split batch norm against the same step with bn_splits 1, and the backbone's
+    batch-norm layers alone, split against plain; at the demo's 8 splits and the config's own."""
+    cfg = resolve_method_config(bench.config, METHODS_DIR, "moco")
+    batch_size = int(cfg["train"]["batch_size"])
+    splits = sorted(
+        s for s in {SPLIT_BN_SPLITS, int(cfg["params"]["bn_splits"])} - {1} if batch_size % s == 0
+    )
+    return [r for s in splits for r in (split_bn_step_row(bench, s), split_bn_layers_row(bench, s))]
+
+
+def split_bn_step_row(bench: Bench, splits: int) -> dict:
+    split, plain = (build_trainer("moco", bench, bn_splits=s) for s in (splits, 1))
+    for trainer in (split, plain):
+        trainer.method.train()
+
+    def run(trainer):
+        ctx = trainer.epoch_context()
+
+        def round_seconds(i):
+            images, idx = batch(trainer, i, bench.seed)
+            _, views = make_views(trainer, images, i, bench.seed)
+            return timed(lambda: method_step(trainer, ctx, views, idx))[0]
+
+        return round_seconds
+
+    pairs = interleaved(run(split), run(plain), bench.repeats.warmup, bench.repeats.steps)
+    return row(
+        "split_bn",
+        f"moco step, bn_splits {splits}",
+        median(a for a, _ in pairs),
+        "s/step",
+        reference=median(b for _, b in pairs),
+        ratio=median(a / b for a, b in pairs),
+        ratio_is="step with split BN / step with bn_splits 1",
+        target=SPLIT_BN_TARGET,
+        notes=(
+            f"views excluded; ratio: median over {len(pairs)} interleaved rounds of each round's ratio; "
+            f"batch {split.batch_size}, {split.cfg['backbone']['name']} at {split.data.image_size}px"
+        ),
+    )
+
+
+def split_bn_layers_row(bench: Bench, splits: int) -> dict:
+    """Every BatchNorm2d of MoCo's backbone on inputs of the shapes the step gives it, each output
+    activated in place as timm's blocks do: forward and backward (the query encoder), then a
+    forward without gradient (the key encoder)."""
+    from torch import nn
+
+    from ..momentum import SplitBatchNorm2d
+
+    trainer = build_trainer("moco", bench, bn_splits=1)
+    backbone = trainer.method.backbone
+    shapes: list[torch.Size] = []
+    hooks = [
+        m.register_forward_hook(lambda m, args, out: shapes.append(args[0].shape))
+        for m in backbone.modules()
+        if isinstance(m, nn.BatchNorm2d)
+    ]
+    images, _ = batch(trainer, 0, bench.seed)
+    with torch.no_grad():
+        backbone(make_views(trainer, images, 0, bench.seed)[1][0])
+    for hook in hooks:
+        hook.remove()
+    generator = torch.Generator().manual_seed(bench.seed)
+    inputs = [
+        (torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)) for shape in shapes
+    ]
+    inputs = [(x.to(trainer.device).requires_grad_(), g.to(trainer.device)) for x, g in inputs]
+
+    def layers(split: bool) -> list[nn.Module]:
+        return [
+            (SplitBatchNorm2d(shape[1], splits) if split else nn.BatchNorm2d(shape[1])).to(trainer.device)
+            for shape in shapes
+        ]
+
+    def run(bn: list[nn.Module]):
+        def round_seconds(i):
+            def apply():
+                for layer, (x, grad) in zip(bn, inputs):
+                    layer(x).relu_().backward(grad)
+                    with torch.no_grad():
+                        layer(x).relu_()
+                sync(trainer.device)
+
+            return timed(apply)[0]
+
+        return round_seconds
+
+    pairs = interleaved(run(layers(True)), run(layers(False)), bench.repeats.warmup, bench.repeats.steps)
+    return row(
+        "split_bn",
+        f"BatchNorm2d layers, {splits} splits",
+        median(a for a, _ in pairs),
+        "s/step",
+        reference=median(b for _, b in pairs),
+        ratio=median(a / b for a, b in pairs),
+        ratio_is="SplitBatchNorm2d / BatchNorm2d",
+        notes=(
+            f"the backbone's {len(shapes)} BatchNorm2d layers at the step's shapes (batch "
+            f"{trainer.batch_size}), in-place ReLU on each output: forward + backward, then a forward "
+            "without gradient, per layer"
+        ),
+    )
 
 
 def bench_views(bench: Bench) -> list[dict]:
