@@ -70,6 +70,14 @@ def tiny_suite_config(**train) -> dict:
     return load_config(REPO / "config", overrides=tiny)
 
 
+def tiny_digits():
+    """The tiny suite's pretraining set (8x8 digits), loaded from the settings a run of it gets."""
+    from sslbench.config import resolve_method_config
+    from sslbench.data import load_data
+
+    return load_data(resolve_method_config(tiny_suite_config(), METHODS_DIR, "random"))
+
+
 def preset_config(name: str) -> dict:
     """config/<name>.yaml merged over config/default.yaml by the one loader, as `--configfile` does."""
     return load_config(REPO / "config", [REPO / "config" / f"{name}.yaml"])

@@ -6,17 +6,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, tiny_suite_config
+from conftest import METHODS_DIR, tiny_digits
 from torch import nn
 
 from sslbench.config import ConfigError
-from sslbench.engine import Trainer, build_method, load_data
+from sslbench.engine import Trainer, build_method
 from sslbench.losses import cosine_regression
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_data(tiny_suite_config())
+    return tiny_digits()
 
 
 def build(method_config, digits, **overrides):

@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, tiny_suite_config
+from conftest import METHODS_DIR, tiny_digits, tiny_suite_config
 
 from sslbench.config import ConfigError, resolve_method_config
-from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method
 from sslbench.method import EpochContext
 
@@ -27,7 +26,7 @@ def dino_config(**overrides) -> dict:
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_data(tiny_suite_config())
+    return tiny_digits()
 
 
 def build(digits, **overrides):
@@ -110,12 +109,18 @@ def test_teacher_temperature_warms_up_linearly_per_epoch_then_stays(digits):
     assert [method.teacher_temperature(e) for e in range(6)] == pytest.approx(
         [0.04, 0.05, 0.06, 0.07, 0.07, 0.07]
     )
-    assert build(digits, warmup_teacher_temp_epochs=0).teacher_temperature(0) == 0.07  # no warm-up
+    assert (
+        build(digits, teacher_temp=0.07, warmup_teacher_temp_epochs=0).teacher_temperature(0) == 0.07
+    )  # no warm-up
 
 
 def test_each_epoch_s_temperature_reaches_the_loss_and_the_log(tmp_path):
     trainer = Trainer(
-        METHODS_DIR / "dino", dino_config(warmup_teacher_temp_epochs=3), 0, tmp_path, progress=False
+        METHODS_DIR / "dino",
+        dino_config(teacher_temp=0.07, warmup_teacher_temp_epochs=3),
+        0,
+        tmp_path,
+        progress=False,
     )
     trainer.state.epoch = 1
     ctx = trainer.epoch_context()

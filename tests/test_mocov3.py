@@ -7,16 +7,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, tiny_suite_config
+from conftest import METHODS_DIR, tiny_digits
 from torch import nn
 
-from sslbench.engine import Trainer, build_method, load_data
+from sslbench.engine import Trainer, build_method
 from sslbench.losses import batch_info_nce
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_data(tiny_suite_config())
+    return tiny_digits()
 
 
 def build(method_config, digits, **overrides):

@@ -5,12 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, fixed_batch_losses, preset_config, tiny_suite_config
+from conftest import METHODS_DIR, fixed_batch_losses, preset_config, tiny_digits, tiny_suite_config
 
 from sslbench.augment import VIEW_PRESETS, view_config
 from sslbench.clustering import sinkhorn, sinkhorn_labels
 from sslbench.config import resolve_method_config
-from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method, pretrain
 from sslbench.loop import learning_rate
 from sslbench.plugins import load_method_class
@@ -20,7 +19,7 @@ SeLa = load_method_class(METHODS_DIR / "sela")
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_data(tiny_suite_config())
+    return tiny_digits()
 
 
 def gaps(schedule):

@@ -6,10 +6,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
+from conftest import METHODS_DIR, fixed_batch_losses, tiny_digits
 from torch import nn
 
-from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method
 from sslbench.method import embed_views
 from sslbench.plugins import load_method_class
@@ -20,7 +19,7 @@ simclr_method = inspect.getmodule(load_method_class(METHODS_DIR / "simclr"))  # 
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_data(tiny_suite_config())
+    return tiny_digits()
 
 
 def build(method_config, digits, **overrides):

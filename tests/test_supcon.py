@@ -5,10 +5,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
+from conftest import METHODS_DIR, fixed_batch_losses, tiny_digits
 from torch import nn
 
-from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method
 from sslbench.losses import supcon
 from sslbench.method import embed_views
@@ -16,7 +15,7 @@ from sslbench.method import embed_views
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_data(tiny_suite_config())
+    return tiny_digits()
 
 
 def build(method_config, digits, name="supcon", seed=0, **overrides):

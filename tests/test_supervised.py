@@ -5,15 +5,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, fixed_batch_losses, tiny_suite_config
+from conftest import METHODS_DIR, fixed_batch_losses, tiny_digits
 
-from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_data(tiny_suite_config())
+    return tiny_digits()
 
 
 def build(method_config, digits, seed=0):

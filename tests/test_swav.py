@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import METHODS_DIR, tiny_suite_config
+from conftest import METHODS_DIR, tiny_digits, tiny_suite_config
 
 from sslbench import distributed as dist
 from sslbench.clustering import sinkhorn, swav_sinkhorn
 from sslbench.config import ConfigError, resolve_method_config
-from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method
 from sslbench.losses import cross_view_cross_entropy
 from sslbench.momentum import KeyQueue
@@ -32,7 +31,7 @@ def swav_config(batch: int = BATCH, **overrides) -> dict:
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_data(tiny_suite_config())
+    return tiny_digits()
 
 
 def build(digits, **overrides):
@@ -163,11 +162,13 @@ def test_the_queue_joins_sinkhorn_only_once_full_and_takes_each_batch_after_its_
         queued = method.prototypes(queue.keys).detach()
         codes = method.assign(scores, z, queue)
         if step < 2:  # empty, then half full: the batch alone
-            torch.testing.assert_close(codes, swav_sinkhorn(scores))
+            torch.testing.assert_close(codes, swav_sinkhorn(scores, method.epsilon))
         else:  # full: behind the two earlier batches' embeddings (not this one's), batch rows kept
             assert torch.equal(queued, method.prototypes(torch.cat(embeddings[:2])).detach())
-            torch.testing.assert_close(codes, swav_sinkhorn(torch.cat([queued, scores]))[-BATCH:])
-            assert not torch.allclose(codes, swav_sinkhorn(scores), atol=1e-3)
+            torch.testing.assert_close(
+                codes, swav_sinkhorn(torch.cat([queued, scores]), method.epsilon)[-BATCH:]
+            )
+            assert not torch.allclose(codes, swav_sinkhorn(scores, method.epsilon), atol=1e-3)
     assert {tuple(r.tolist()) for r in queue.keys} == {tuple(r.tolist()) for r in torch.cat(embeddings[1:])}
 
 

@@ -37,7 +37,7 @@ class BYOL(Method):
         # byol_experiment.py _make_initial_state gives the target its own random draw (`own`: the same
         # architecture built again); `copy` starts it as the online network (the default's choice).
         if p["target_init"] == "own":
-            target_backbone = backbone_from_config(cfg, info.channels)
+            target_backbone = backbone_from_config(cfg, info.channels, info.image_size)
             self.target = freeze(nn.Sequential(target_backbone, bn_mlp(projector_dims, hidden_bias=True)))
         elif p["target_init"] == "copy":
             self.target = frozen_copy([self.backbone, self.projector])
