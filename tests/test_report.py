@@ -301,7 +301,8 @@ FIGURES = ["bars", "lowshot", "training", "tsne", "kmeans", "estep"]
 TABLES = [
     f"table-headline-{DATASET}",
     f"table-headline-{PAIR_ID}",
-    f"table-targets-{DATASET}",
+    f"table-targets-{DATASET}-knn",
+    f"table-targets-{DATASET}-linear",
     "table-reproduced",
     "table-comparisons",
     "table-cost",
@@ -324,7 +325,7 @@ def test_every_table_and_figure_is_on_the_page_and_in_figures(report, page):
         assert png == (report["out"] / "figures" / f"{pair}_{kind}.png").read_bytes()
         pixels = mpimg.imread(bytes_io.BytesIO(png))
         assert pixels.shape[0] > 150 and pixels.shape[1] > 250 and pixels.std() > 0.05, kind
-    for name in ("summary", "comparisons", "reproduced", "cost", "environment"):
+    for name in ("summary", "comparisons", "reproduced", "cost", "environment", "ablations"):
         assert (report["out"] / f"{name}.csv").is_file()
 
 
@@ -450,7 +451,14 @@ def test_reproduced_vs_reported_table(report, page):
     assert math.isclose(same["gap"], ours.mean() - 0.55)
     assert "config/cifar10.yaml" in reproduced.iloc[1]["reproduce"] and pd.isna(reproduced.iloc[1]["ours"])
     assert reproduced.iloc[2]["reproduce"].startswith("no preset")
+    # the table shows only what this run can speak to; the rest is one list, by what would reproduce it
     rows = records(page, "table-reproduced")
+    assert len(rows) == 1 and rows[0]["method"][0] == "alpha" and rows[0]["eval_dataset"][0] == DATASET
+    items = re.findall(r"<li>(.*?)</li>", report["html"].split('id="list-to-reproduce"')[1].split("</ul>")[0])
+    hints = sorted(reproduced["reproduce"].dropna())  # "no preset: …" (Table 3), "run with … cifar10.yaml …"
+    assert len(items) == 2 and all(item.startswith(f"{hint}: ") for item, hint in zip(items, hints))
+    assert items[0].endswith("alpha lowshot_svm/map_k1_mean (Table 3)")
+    assert items[1].endswith("alpha linear/top1 (Table 2)") and "config/cifar10.yaml" in items[1]
     for row, (_, expected) in zip(rows, reproduced.iterrows()):
         assert close(row["reported (%)"][0], expected["reported"], 100, 2)
         for shown, column in (("ours (%)", "ours"), ("gap (% points)", "gap")):
@@ -519,7 +527,7 @@ def test_methods_by_targets_matrix_equals_summary_csv(report, page):
     first, "—" where a method was not evaluated on a target, the best of each column in bold."""
     summary = csv(report, "summary")
     knn = summary[summary["metric"] == "top1_k200_t0.1"].set_index(["method", "eval_dataset"])
-    rows = records(page, f"table-targets-{DATASET}")
+    rows = records(page, f"table-targets-{DATASET}-knn")
     assert list(rows[0]) == ["method", DATASET, TARGET]
     assert [r["method"][0] for r in rows] == sorted(METHODS)
     for target in (DATASET, TARGET):
