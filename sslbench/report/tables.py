@@ -431,14 +431,7 @@ def sweep_points(runs: list[Run]) -> pd.DataFrame:
     for key, base in sorted({(r["setting"], r["method_base"]) for r in rows}):
         if base in by_label:
             try:
-                rows.append(
-                    {
-                        "setting": key,
-                        "method": base,
-                        "method_base": base,
-                        "raw": setting_value(by_label[base], key),
-                    }
-                )
+                value = setting_value(by_label[base], key)
             except (KeyError, TypeError):  # the base run does not say (a setting its method lacks by default)
                 continue
             rows.append({"setting": key, "method": base, "method_base": base, "raw": value})
