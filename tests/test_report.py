@@ -241,7 +241,9 @@ def report(tmp_path_factory):
 # Every method folder of methods/, sweeps of two methods over one shared setting (SupCon and supervised
 # CE over train.lr), a numeric sweep (MoCo's queue) and a categorical one (SupCon's augmentation policy);
 # kNN and linear on digits and one transfer target; simclr's results stale; trained outside a git checkout.
-WIDE_BASES = sorted(p.name for p in (REPO / "methods").iterdir() if (p / "method.py").is_file())
+WIDE_BASES = sorted(
+    p.name for p in (REPO / "methods").iterdir() if (p / "method.py").is_file() and p.name[0] not in "_."
+)
 WIDE_BASE_SETTINGS = {
     "moco": {"params": {"queue_size": 4096}},
     "supcon": {"augment": {"policy": "simclr"}},
@@ -439,8 +441,10 @@ def test_headline_cells_equal_summary_csv_and_best_is_bold(report, page, target)
     assert [r["method"][0] for r in rows] == sorted(METHODS if target == DATASET else TRANSFER)
     for label, protocol, metric in HEADLINE:
         present = [m for m in METHODS if (m, protocol, metric) in summary.index]
+        # a column no method of the pair has is left out (the transfer pair: kNN and linear only)
+        assert (label in rows[0]) == bool(present), label
         best = max(present, key=lambda m: summary.loc[(m, protocol, metric), "mean"]) if present else None
-        for row in rows:
+        for row in rows if present else []:
             method, (text, bold) = row["method"][0], row[label]
             if method not in present:
                 assert text == "—" and not bold
@@ -757,18 +761,17 @@ def test_runs_outside_a_git_checkout_show_unknown(wide):
 
 
 CHROMIUM = "/usr/bin/chromium"
+WINDOW = (1400, 2200)
 
 
-def test_report_renders_in_headless_chromium(report, tmp_path):
-    """A screenshot with content and no console error. The page has no script, so the console can only
-    report resources that failed; Chromium logs console messages to stderr with --enable-logging."""
+def run_chromium(page: Path, tmp_path: Path, *action: str) -> subprocess.CompletedProcess:
+    """Headless Chromium on a file; console messages go to stderr (--enable-logging)."""
     require(
         "chromium",
         None
         if os.path.exists(CHROMIUM)
         else f"{CHROMIUM} is absent (apt-get install chromium; CI installs it)",
     )
-    shot = tmp_path / "report.png"
     run = subprocess.run(
         [
             CHROMIUM,
@@ -784,20 +787,56 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
             "--enable-logging=stderr",
             "--v=0",
             "--hide-scrollbars",
-            "--window-size=1400,2200",
-            f"--screenshot={shot}",
-            report["path"].as_uri(),
+            f"--window-size={WINDOW[0]},{WINDOW[1]}",
+            *action,
+            page.as_uri(),
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=90,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.parametrize("which", ["report", "wide"])
+def test_report_renders_in_headless_chromium(request, which, tmp_path):
+    """A screenshot with content and no console error, for the three-method page with every figure and
+    for the page of the full method list. The page has no script, so the console can only report
+    resources that failed."""
+    path = request.getfixturevalue(which)["path"]
+    shot = tmp_path / "report.png"
+    run = run_chromium(path, tmp_path, f"--screenshot={shot}")
     assert not re.search(r"Uncaught|ERROR:CONSOLE|Failed to load resource|net::ERR_", run.stderr), run.stderr[
         -3000:
     ]
     pixels = mpimg.imread(shot)
-    assert pixels.shape[:2] == (2200, 1400)
+    assert pixels.shape[:2] == WINDOW[::-1]
     assert shot.stat().st_size > 50_000 and pixels[..., :3].std() > 0.1
     if os.environ.get("SSLBENCH_KEEP_SCREENSHOT"):  # to look at it: SSLBENCH_KEEP_SCREENSHOT=/tmp/shot.png
-        shutil.copy(shot, os.environ["SSLBENCH_KEEP_SCREENSHOT"])
+        shutil.copy(shot, os.environ["SSLBENCH_KEEP_SCREENSHOT"].replace(".png", f"-{which}.png"))
+
+
+# Measures the laid-out page in the browser (in a copy: the report itself runs no script) and writes
+# what it found into the DOM, which --dump-dom prints.
+MEASURE = """<script>
+const chosen = "table.matrix, table[id^=table-headline], table[id^=table-targets]";
+const fonts = t => [...t.querySelectorAll("td")].map(c => parseFloat(getComputedStyle(c).fontSize));
+const out = [...document.querySelectorAll(chosen)]
+  .map(t => ({id: t.id, right: t.getBoundingClientRect().right, font: Math.min(...fonts(t))}));
+document.body.setAttribute("data-measured", JSON.stringify({width: window.innerWidth, tables: out}));
+</script></body>"""
+
+
+def test_matrices_fit_the_window_at_full_size(wide, tmp_path):
+    """At 24 methods every methods × methods matrix, headline and methods × targets table fits a
+    1400-pixel window without scrolling, in type no smaller than 10 px (vertical column heads)."""
+    copy = tmp_path / "measured.html"
+    copy.write_text(wide["html"].replace("</body>", MEASURE))
+    dom = run_chromium(copy, tmp_path, "--dump-dom").stdout
+    measured = json.loads(re.search(r'data-measured="([^"]+)"', dom).group(1).replace("&quot;", '"'))
+    ids = [t["id"] for t in measured["tables"]]
+    assert sum(i.startswith("matrix-") for i in ids) == 4 and f"table-headline-{DATASET}" in ids
+    for table in measured["tables"]:
+        assert table["right"] <= measured["width"], table
+        assert table["font"] >= 10, table
