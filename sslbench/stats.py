@@ -248,8 +248,11 @@ def best_methods(means: pd.DataFrame) -> dict[str, set[str]]:
 
 
 def headline_table(summary: pd.DataFrame, pair: tuple[str, str] | None = None) -> pd.DataFrame:
-    """Methods × headline columns of "mean ± std" strings (percent); missing columns are "—"."""
-    return display_cells(headline_stats(summary, pair))
+    """Methods × the headline columns evaluated for some method of the pair, as "mean ± std" strings
+    (percent); a method without the metric shows "—"."""
+    parts = headline_stats(summary, pair)
+    present = [c for c in parts["mean"].columns if parts["mean"][c].notna().any()]
+    return display_cells({k: frame[present] for k, frame in parts.items()})
 
 
 # --------------------------------------------------------------------------- methods x targets
