@@ -293,13 +293,14 @@ def display_cells(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- reproduced vs reported
-def read_paper_results(methods_dir: str | Path) -> pd.DataFrame:
-    """Every methods/<name>/paper.yaml entry (folders starting with _ or . are templates, skipped)."""
+def read_paper_results(methods_dir: str | Path, methods: set[str] | None = None) -> pd.DataFrame:
+    """Every methods/<name>/paper.yaml entry of ``methods`` (default: every folder; those starting
+    with _ or . are templates, skipped)."""
     rows = []
     required = list(PAPER_FIELDS)
     for path in sorted(Path(methods_dir).glob("*/paper.yaml")):
         method = path.parent.name
-        if method.startswith(("_", ".")):
+        if method.startswith(("_", ".")) or (methods is not None and method not in methods):
             continue
         rows += [{"method": method, **{k: entry[k] for k in required}} for entry in paper_entries(path)]
     frame = pd.DataFrame(rows, columns=["method"] + required)
@@ -378,7 +379,8 @@ def reproduced_vs_reported(
     reported; where we have no such run, ``reproduce`` names the preset that would produce one.
     """
     table = check_table(table)
-    paper = read_paper_results(methods_dir)
+    # the method folders this table has results of: a folder skipped as broken (--keep-going) is not read
+    paper = read_paper_results(methods_dir, set(table["method_base" if "method_base" in table else "method"]))
     rows = []
     for _, entry in paper.iterrows():
         ours = table[

@@ -291,6 +291,8 @@ def write_wide_results(root: Path) -> Path:
             folder.mkdir(parents=True)
             (folder / "run.json").write_text(json.dumps({"cfg": cfg, "meta": meta}))
             log = {"epoch": [1, 2], "loss": [2.0, 1.0], "images_per_s": [50.0 + i] * 2}
+            if base == "moco":  # the queue it trained with: the base's 4096 shrunk to fit the data
+                log["queue_size"] = [cfg["params"]["queue_size"] if variant else 2048] * 2
             pd.DataFrame(log).to_csv(folder / "train_log.csv", index=False)
             for target in (DATASET, TARGET):
                 for protocol, metric in WIDE_METRICS.items():
@@ -654,12 +656,13 @@ def test_missing_inputs_name_the_file(tmp_path, report):
 
 
 def test_ablations_csv_holds_every_sweep_point_and_the_base_runs(wide):
-    """One axis per swept setting; the base run sits on each axis at its own value (from run.json);
+    """One axis per swept setting; the base run sits on each axis at its own value (from run.json, or
+    the one its training log says it used: the base MoCo's queue);
     SupCon and supervised CE share train.lr; mean, std, n equal the summary of the label's rows."""
     ablations, summary = csv(wide, "ablations"), csv(wide, "summary")
     expected = {
         "queue_size": {
-            ("moco", "moco"): "4096",
+            ("moco", "moco"): "2048",
             ("moco", "moco[queue_size=256]"): "256",
             ("moco", "moco[queue_size=1024]"): "1024",
         },
@@ -687,7 +690,7 @@ def test_ablations_csv_holds_every_sweep_point_and_the_base_runs(wide):
         assert shown == points
     # along a numeric axis in numeric order, per (pair, method, metric)
     queue = ablations[(ablations["setting"] == "queue_size") & (ablations["metric"] == "top1")]
-    assert list(queue["value"].astype(str))[:3] == ["256", "1024", "4096"]
+    assert list(queue["value"].astype(str))[:3] == ["256", "1024", "2048"]
     keyed = summary.set_index(["eval_dataset", "method", "protocol", "metric"])
     for row in ablations.itertuples():
         stats = keyed.loc[(row.eval_dataset, row.method, row.protocol, row.metric)]

@@ -392,3 +392,12 @@ def test_paper_yaml_entry_without_a_key_is_named(dirs):
     )
     with pytest.raises(ConfigError, match=r"moco/paper.yaml: results\[0\] lacks"):
         reproduced_vs_reported(long_table({"moco": [0.7]}), methods, config)
+
+
+def test_paper_yaml_of_a_method_without_results_is_not_read(dirs):
+    """A broken folder skipped with --keep-going has no rows: its paper.yaml cannot stop the report."""
+    methods, config = dirs
+    (methods / "broken").mkdir()
+    (methods / "broken" / "paper.yaml").write_text(yaml.safe_dump({"results": [{"value": 1}]}))
+    table = long_table({"moco": [0.7]}, protocol="linear", metric="top1").assign(method_base="moco")
+    assert set(reproduced_vs_reported(table, methods, config)["method"]) == {"moco"}

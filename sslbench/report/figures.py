@@ -101,8 +101,8 @@ def draw_ablations(ablations: pd.DataFrame, figures_dir: Path) -> list[Figure]:
     return [
         Figure(
             f"ablation-{setting}",
-            f"Ablation over {setting}: kNN and linear top-1 against the setting, mean over seeds, "
-            "error bars 95% CI (none with one seed); one line per method sweeping it",
+            f"Ablation over {setting}: kNN and linear top-1 against the value each run trained with, mean "
+            "over seeds, error bars 95% CI (none with one seed); one line per method sweeping it",
             save_figure(
                 ablation_figure(setting, rows), figures_dir, "ablation_" + re.sub(r"[^\w.=-]", "_", setting)
             ),

@@ -417,21 +417,34 @@ def setting_text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def used_value(run: Run, key: str, value):
+    """The value a run trained with: the last one its training log records under the setting's name
+    where it does (MoCo logs the queue size it shrank to fit the data), else the configured one."""
+    if key in run.log.columns and len(run.log) and pd.notna(run.log[key].iloc[-1]):
+        used = run.log[key].iloc[-1]
+        return int(used) if isinstance(value, int) and float(used).is_integer() else used
+    return value
+
+
 def sweep_points(runs: list[Run]) -> pd.DataFrame:
     """setting, method (label), method_base, value (text), order: each run that changes one setting of
-    its method (a sweep's value or a one-setting variant), and the base run on each of its axes.
-    ``order``: the value itself where every value of the axis is a number, else its rank as text."""
-    by_label = {r.method: r.cfg for r in runs}  # a label's settings are the same on every dataset and seed
+    its method (a sweep's value or a one-setting variant), and the base run on each of its axes, at the
+    value it trained with (``used_value``). ``order``: the value itself where every value of the axis
+    is a number, else its rank as text."""
+    by_label = {r.method: r for r in runs}  # a label's settings are the same on every dataset and seed
     rows = []
-    for label, cfg in by_label.items():
-        variant = flatten(cfg.get("variant") or {})
+    for label, run in by_label.items():
+        variant = flatten(run.cfg.get("variant") or {})
         if len(variant) == 1:
             ((key, value),) = variant.items()
-            rows.append({"setting": key, "method": label, "method_base": cfg["method_base"], "raw": value})
+            value = used_value(run, key, value)
+            rows.append(
+                {"setting": key, "method": label, "method_base": run.cfg["method_base"], "raw": value}
+            )
     for key, base in sorted({(r["setting"], r["method_base"]) for r in rows}):
         if base in by_label:
             try:
-                value = setting_value(by_label[base], key)
+                value = used_value(by_label[base], key, setting_value(by_label[base].cfg, key))
             except (KeyError, TypeError):  # the base run does not say (a setting its method lacks by default)
                 continue
             rows.append({"setting": key, "method": base, "method_base": base, "raw": value})
