@@ -31,7 +31,7 @@ from sslbench.report.figures import (
     read_clustering_side_file,
     sorted_sizes,
 )
-from sslbench.report.tables import first_seed_runs, read_runs, run_folder
+from sslbench.report.tables import first_seed_runs, read_runs, run_folder, sweep_points
 from sslbench.results import side_file
 from sslbench.stats import HEADLINE
 
@@ -695,6 +695,19 @@ def test_ablations_csv_holds_every_sweep_point_and_the_base_runs(wide):
     for row in ablations.itertuples():
         stats = keyed.loc[(row.eval_dataset, row.method, row.protocol, row.metric)]
         assert math.isclose(row.mean, stats["mean"]) and math.isclose(row.std, stats["std"]) and row.n == 3
+
+
+def test_sweep_values_keep_their_type_without_a_text_setting(wide):
+    """Only numeric sweeps (no policy name among them): a queue size stays 256, never 256.0."""
+    runs = read_runs(wide["results"], pd.read_csv(wide["results"] / "table.csv"))
+    points = sweep_points([r for r in runs if r.cfg["method_base"] in ("moco", "supervised")])
+    assert dict(zip(points["method"], points["value"])) == {
+        "moco": "2048",
+        "moco[queue_size=256]": "256",
+        "moco[queue_size=1024]": "1024",
+        "supervised": "0.1",
+        "supervised[train.lr=0.3]": "0.3",
+    }
 
 
 def test_ablation_figures_numeric_axes_and_grouped_policies(wide):

@@ -448,11 +448,15 @@ def sweep_points(runs: list[Run]) -> pd.DataFrame:
             except (KeyError, TypeError):  # the base run does not say (a setting its method lacks by default)
                 continue
             rows.append({"setting": key, "method": base, "method_base": base, "raw": value})
-    points = pd.DataFrame(rows, columns=["setting", "method", "method_base", "raw"])
-    points["value"] = points["raw"].map(setting_text)
+    for row in rows:  # as text here: in one frame pandas would turn a column of ints and floats to floats
+        raw = row.pop("raw")
+        row["value"] = setting_text(raw)
+        row["number"] = (
+            float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else math.nan
+        )
+    points = pd.DataFrame(rows, columns=["setting", "method", "method_base", "value", "number"])
     points["order"] = math.nan
     for _, axis in points.groupby("setting"):
-        numeric = axis["raw"].map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
-        order = axis["raw"].astype(float) if numeric.all() else axis["value"].rank(method="dense")
-        points.loc[axis.index, "order"] = order
-    return points.drop(columns="raw")
+        numeric = axis["number"].notna().all()
+        points.loc[axis.index, "order"] = axis["number"] if numeric else axis["value"].rank(method="dense")
+    return points.drop(columns="number")
