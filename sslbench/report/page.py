@@ -59,7 +59,7 @@ table.matrix th.col{writing-mode:vertical-rl;transform:rotate(180deg);text-align
 table.matrix td.better{background:#d9f0d3}table.matrix td.worse{background:#fbe0dc}
 table.matrix td.better.sig{background:#1b7837;color:#fff;font-weight:bold}
 table.matrix td.worse.sig{background:#b2182b;color:#fff;font-weight:bold}
-table.matrix td.untested{color:#888}table.matrix td.self{background:#eee}
+table.matrix td.self{background:#eee}table.matrix td.untested{background:#fff;color:#888}
 """
 
 NUMERIC_CELL = re.compile(r"^[-+−]?[\d.]+(e[-+]?\d+)?( ± [\d.]+)?( \(n=1\))?$|^—$")
@@ -220,7 +220,7 @@ def reproduced_html(reproduced: pd.DataFrame) -> str:
     items = [
         f"<li>{html.escape(hint)}: "
         + html.escape(
-            "; ".join(f"{r.method} {r.protocol}/{r.metric} ({r.source})" for r in rows.itertuples())
+            ", ".join(dict.fromkeys(f"{r.method} {r.protocol}/{r.metric}" for r in rows.itertuples()))
         )
         + "</li>"
         for hint, rows in reproduced[reproduced["n"] == 0].groupby("reproduce", sort=True)
@@ -231,7 +231,7 @@ def reproduced_html(reproduced: pd.DataFrame) -> str:
         + note(
             "Reported: the paper's number (methods/<name>/paper.yaml). Ours: our runs with the paper's "
             "pretraining and evaluation datasets, backbone and epochs; gap = ours − reported. "
-            "Every row, with the preset that would produce the missing ones: reproduced.csv."
+            "Every row, with its source and the preset that would produce the missing ones: reproduced.csv."
         )
         + listed
     )
