@@ -114,17 +114,21 @@ def draw_ablations(ablations: pd.DataFrame, figures_dir: Path) -> list[Figure]:
 def ablation_figure(setting: str, rows: pd.DataFrame):
     """One panel per (dataset pair, metric); numbers on a numeric axis (log where they span a decade),
     other values (a policy's name) as grouped points, side by side per method."""
-    panels = list(rows.groupby([*PAIR, "protocol", "metric"], sort=False))
-    values = list(dict.fromkeys(rows["value"]))  # rows come sorted along the axis
-    numeric = pd.to_numeric(pd.Series(values), errors="coerce")
-    categorical = numeric.isna().any()
+    metrics = [(p, m) for _, p, m in TOP1]
+    panels = sorted(
+        rows.groupby([*PAIR, "protocol", "metric"]),
+        key=lambda panel: (panel[0][0], panel[0][0] != panel[0][1], panel[0][1], metrics.index(panel[0][2:])),
+    )  # each pretraining set's own target first, kNN before linear
+    numbers = pd.to_numeric(rows["value"], errors="coerce")
+    categorical = numbers.isna().any()
+    values = sorted(set(rows["value"].astype(str))) if categorical else sorted(set(numbers))
     bases = sorted(rows["method_base"].unique())
     colours = method_colours(bases)
     fig, axes = new_figure(len(panels), width=4.4, height=3.4, columns=4)
     for ax, ((pretrain, target, protocol, metric), data) in zip(axes, panels):
         for i, (base, line) in enumerate(data.groupby("method_base", sort=True)):
             if categorical:
-                x = [values.index(v) + (i - (len(bases) - 1) / 2) * 0.15 for v in line["value"]]
+                x = [values.index(str(v)) + (i - (len(bases) - 1) / 2) * 0.15 for v in line["value"]]
             else:
                 x = pd.to_numeric(line["value"]).to_numpy()
             errors = (100 * line["ci95"]).fillna(0.0).to_numpy()
@@ -132,8 +136,11 @@ def ablation_figure(setting: str, rows: pd.DataFrame):
             ax.errorbar(x, 100 * line["mean"], yerr=errors, linestyle="none" if categorical else "-", **style)
         if categorical:
             ax.set_xticks(range(len(values)), values, rotation=20, ha="right")
-        elif numeric.min() > 0 and numeric.max() >= 10 * numeric.min():
-            ax.set_xscale("log")
+        else:
+            if min(values) > 0 and max(values) >= 10 * min(values):
+                ax.set_xscale("log")
+            ax.set_xticks(values, [f"{v:g}" for v in values], rotation=30, ha="right")
+            ax.minorticks_off()  # the swept values are the ticks
         label = next(label for label, p, m in TOP1 if (p, m) == (protocol, metric))
         ax.set_title(f"{pair_name(pretrain, target)}: {label}", fontsize=9)
         ax.set_xlabel(setting)
