@@ -49,6 +49,7 @@ HEADLINE = [
     ("semi-sup 10% top-1", "semisup", "top1_10pct"),
     ("AMI", "clustering", "ami"),
 ]
+TOP1 = HEADLINE[:2]  # kNN and linear top-1: the methods × targets matrices' and the ablations' metrics
 
 
 class TableError(SslbenchError, ValueError):
@@ -247,21 +248,23 @@ def best_methods(means: pd.DataFrame) -> dict[str, set[str]]:
 
 
 def headline_table(summary: pd.DataFrame, pair: tuple[str, str] | None = None) -> pd.DataFrame:
-    """Methods × headline columns of "mean ± std" strings (percent); missing columns are "—"."""
-    return display_cells(headline_stats(summary, pair))
+    """Methods × the headline columns evaluated for some method of the pair, as "mean ± std" strings
+    (percent); a method without the metric shows "—"."""
+    parts = headline_stats(summary, pair)
+    present = [c for c in parts["mean"].columns if parts["mean"][c].notna().any()]
+    return display_cells({k: frame[present] for k, frame in parts.items()})
 
 
 # --------------------------------------------------------------------------- methods x targets
-def matrix_metric(summary: pd.DataFrame, pretrain: str) -> tuple[str, str, str] | None:
-    """The (label, protocol, metric) of the methods × targets matrix of runs pretrained on
-    ``pretrain``: the first headline metric evaluated on more than one target (kNN top-1 in the
-    embedded default); None when no metric is."""
+def matrix_metrics(summary: pd.DataFrame, pretrain: str) -> list[tuple[str, str, str]]:
+    """The (label, protocol, metric) of each methods × targets matrix of runs pretrained on
+    ``pretrain``: kNN and linear top-1 (TOP1), each where it was evaluated on more than one target."""
     rows = summary[summary["pretrain_dataset"] == pretrain]
-    for label, protocol, metric in HEADLINE:
-        chosen = rows[(rows["protocol"] == protocol) & (rows["metric"] == metric)]
-        if chosen["eval_dataset"].nunique() > 1:
-            return label, protocol, metric
-    return None
+    return [
+        (label, protocol, metric)
+        for label, protocol, metric in TOP1
+        if rows[(rows["protocol"] == protocol) & (rows["metric"] == metric)]["eval_dataset"].nunique() > 1
+    ]
 
 
 def target_matrix(
@@ -290,13 +293,14 @@ def display_cells(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- reproduced vs reported
-def read_paper_results(methods_dir: str | Path) -> pd.DataFrame:
-    """Every methods/<name>/paper.yaml entry (folders starting with _ or . are templates, skipped)."""
+def read_paper_results(methods_dir: str | Path, methods: set[str] | None = None) -> pd.DataFrame:
+    """Every methods/<name>/paper.yaml entry of ``methods`` (default: every folder; those starting
+    with _ or . are templates, skipped)."""
     rows = []
     required = list(PAPER_FIELDS)
     for path in sorted(Path(methods_dir).glob("*/paper.yaml")):
         method = path.parent.name
-        if method.startswith(("_", ".")):
+        if method.startswith(("_", ".")) or (methods is not None and method not in methods):
             continue
         rows += [{"method": method, **{k: entry[k] for k in required}} for entry in paper_entries(path)]
     frame = pd.DataFrame(rows, columns=["method"] + required)
@@ -375,7 +379,8 @@ def reproduced_vs_reported(
     reported; where we have no such run, ``reproduce`` names the preset that would produce one.
     """
     table = check_table(table)
-    paper = read_paper_results(methods_dir)
+    # the method folders this table has results of: a folder skipped as broken (--keep-going) is not read
+    paper = read_paper_results(methods_dir, set(table["method_base" if "method_base" in table else "method"]))
     rows = []
     for _, entry in paper.iterrows():
         ours = table[
@@ -426,3 +431,73 @@ def reproduced_vs_reported(
         "reproduce",
     ]
     return pd.DataFrame(rows, columns=columns)
+
+
+# --------------------------------------------------------------------------- methods x methods
+def comparison_matrix(comparisons: pd.DataFrame, pair: tuple[str, str], protocol: str, metric: str) -> dict:
+    """The paired comparisons of one metric and dataset pair as method × method frames: ``diff`` (mean
+    over shared seeds of row − column), ``p`` and ``n``; each pair's mirror has the opposite difference
+    and the same p. NaN on the diagonal and where two methods share no seed."""
+    rows = comparisons[
+        (comparisons["pretrain_dataset"] == pair[0])
+        & (comparisons["eval_dataset"] == pair[1])
+        & (comparisons["protocol"] == protocol)
+        & (comparisons["metric"] == metric)
+    ]
+    methods = sorted(set(rows["method_a"]) | set(rows["method_b"]))
+    index = pd.Index(methods, name="method")
+    out = {k: pd.DataFrame(np.nan, index=index, columns=methods) for k in ("diff", "p", "n")}
+    for a, b, diff, p, n in rows[["method_a", "method_b", "mean_diff", "p_value", "n"]].itertuples(
+        index=False
+    ):
+        for (row, column), sign in (((a, b), 1.0), ((b, a), -1.0)):
+            out["diff"].loc[row, column] = sign * diff
+            out["p"].loc[row, column] = p
+            out["n"].loc[row, column] = n
+    return out
+
+
+def significant(p: float, n: float, alpha: float = ALPHA) -> bool:
+    """Whether a paired difference clears the noise: tested (n ≥ 2) and p < alpha."""
+    return bool(n >= 2 and math.isfinite(p) and p < alpha)
+
+
+# --------------------------------------------------------------------------- ablations
+
+
+def ablation_table(summary: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """The summary (mean, std, ci95, n over seeds) of the ablation metrics of every sweep point.
+
+    ``points``: one row per (setting, method label) with method_base and the setting's ``value`` (its
+    text) and ``order`` (its place on the axis). Sorted by setting, dataset pair, method base, order."""
+    metrics = pd.DataFrame([(label, p, m) for label, p, m in TOP1], columns=["label", "protocol", "metric"])
+    chosen = summary.merge(metrics[["protocol", "metric"]], on=["protocol", "metric"])
+    out = points.merge(chosen, on="method")
+    columns = [
+        "setting",
+        *PAIR,
+        "method_base",
+        "value",
+        "method",
+        "protocol",
+        "metric",
+        "mean",
+        "std",
+        "ci95",
+        "n",
+    ]
+    out = out.sort_values(["setting", *PAIR, "method_base", "protocol", "metric", "order"])
+    return out[columns].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- stale rows
+STALE_MARK = "†"
+
+
+def stale_methods(table: pd.DataFrame, pair: tuple[str, str]) -> set[str]:
+    """Methods of a dataset pair with at least one row computed by code that has changed since
+    (``stale``; a table from before the column has none)."""
+    if "stale" not in table:
+        return set()
+    rows = table[(table["pretrain_dataset"] == pair[0]) & (table["eval_dataset"] == pair[1])]
+    return set(rows.loc[rows["stale"].astype(str).str.lower() == "true", "method"])

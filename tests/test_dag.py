@@ -103,6 +103,11 @@ def grid(tmp_path_factory):
     seen["switch_plan"] = snakemake(root, switch, "-n")
     seen["edit"] = snakemake(root, a)  # the switch is off: the collect step alone, for the stale marks
     seen["stale_table"] = table(root)
+    # The report rule on that table (preset B's runs): its ablation over the sweep, its stale marks.
+    run(root, *SNAKEMAKE, "--cores", "2", "results/report.html", "--configfile", "b.yaml")
+    seen["report_page"] = (root / "results" / "report.html").read_text()  # the refresh below rebuilds it
+    seen["ablations"] = pd.read_csv(root / "results" / "ablations.csv")
+    seen["summary"] = pd.read_csv(root / "results" / "summary.csv")
     seen["status"] = run(root, "sslbench", "status", "--configfile", a)
     command = re.search(r"^To refresh them: (.+)$", seen["status"], re.M)[1]
     seen["refresh"] = run(root, *shlex.split(command))
@@ -171,6 +176,22 @@ def test_a_source_edit_marks_the_rows_that_ran_it_stale_and_reruns_nothing_by_de
     assert rows.loc[rows["protocol"] == "knn", "stale"].all()
     assert not rows.loc[rows["protocol"] == "lowshot_svm", "stale"].any()
     assert rows["code_pretrain"].notna().all() and rows["code_extract"].notna().all()
+
+
+def test_the_report_rule_draws_the_sweep_and_marks_the_stale_rows(grid):
+    results = grid["root"] / "results"
+    ablations = grid["ablations"]
+    knn = ablations[(ablations["metric"] == "top1_k200_t0.1") & (ablations["eval_dataset"] == "digits")]
+    # the base run at its own temperature (methods/simclr/config.yaml: 0.5), beside the variant
+    assert list(zip(knn["method"], knn["value"])) == [("simclr[temperature=0.2]", 0.2), ("simclr", 0.5)]
+    summary = grid["summary"].set_index(["eval_dataset", "method", "metric"])
+    for method, mean in zip(knn["method"], knn["mean"]):
+        assert mean == pytest.approx(summary.loc[("digits", method, "top1_k200_t0.1"), "mean"])
+    assert (results / "figures" / "ablation_temperature.png").stat().st_size > 5000
+    page = grid["report_page"]
+    assert 'id="fig-ablation-temperature-sweeps"' in page
+    # knn.py changed after both runs' knn results: both marked (the refresh later reruns the base's only)
+    assert "simclr †" in page and "simclr[temperature=0.2] †" in page and 'id="stale-note"' in page
 
 
 def test_status_lists_the_stale_results_and_the_command_that_refreshes_them(grid):

@@ -24,8 +24,14 @@ from matplotlib import image as mpimg
 from evaluation import clustering
 from sslbench.features import save_features
 from sslbench.report import ReportInputError, build_report
-from sslbench.report.figures import kmeans_sizes, kmeans_title, read_clustering_side_file, sorted_sizes
-from sslbench.report.tables import first_seed_runs, read_runs
+from sslbench.report.figures import (
+    ablation_figure,
+    kmeans_sizes,
+    kmeans_title,
+    read_clustering_side_file,
+    sorted_sizes,
+)
+from sslbench.report.tables import first_seed_runs, read_runs, run_folder, sweep_points
 from sslbench.results import side_file
 from sslbench.stats import HEADLINE
 
@@ -231,6 +237,95 @@ def report(tmp_path_factory):
     return {"root": root, "results": results, "out": out, "html": path.read_text(), "path": path}
 
 
+# --------------------------------------------------------------------------- the full method list
+# Every method folder of methods/, sweeps of two methods over one shared setting (SupCon and supervised
+# CE over train.lr), a numeric sweep (MoCo's queue) and a categorical one (SupCon's augmentation policy);
+# kNN and linear on digits and one transfer target; simclr's results stale; trained outside a git checkout.
+WIDE_BASES = sorted(
+    p.name for p in (REPO / "methods").iterdir() if (p / "method.py").is_file() and p.name[0] not in "_."
+)
+WIDE_BASE_SETTINGS = {
+    "moco": {"params": {"queue_size": 4096}},
+    "supcon": {"augment": {"policy": "simclr"}},
+    "supervised": {"train": {"lr": 0.1}},
+}
+WIDE_SWEEPS = {
+    "moco[queue_size=256]": ("moco", {"queue_size": 256}),
+    "moco[queue_size=1024]": ("moco", {"queue_size": 1024}),
+    "supcon[train.lr=0.01]": ("supcon", {"train": {"lr": 0.01}}),
+    "supcon[train.lr=0.3]": ("supcon", {"train": {"lr": 0.3}}),
+    "supervised[train.lr=0.3]": ("supervised", {"train": {"lr": 0.3}}),
+    "supcon[augment.policy=randaugment]": ("supcon", {"augment": {"policy": "randaugment"}}),
+    "supcon[augment.policy=autoaugment]": ("supcon", {"augment": {"policy": "autoaugment"}}),
+}
+WIDE_METRICS = {"knn": "top1_k200_t0.1", "linear": "top1"}
+STALE = "simclr"
+
+
+def write_wide_results(root: Path) -> Path:
+    results = root / "results"
+    rng = np.random.default_rng(3)
+    labels = {m: (m, {}) for m in WIDE_BASES} | WIDE_SWEEPS
+    rows = []
+    for i, (label, (base, variant)) in enumerate(sorted(labels.items())):
+        for seed in (0, 1, 2):
+            cfg = {
+                "method": label,
+                "method_base": base,
+                "variant": variant,
+                "dataset": {"name": DATASET, "image_size": 8},
+                "backbone": {"name": "test_resnet"},
+                "train": {"epochs": EPOCHS, "batch_size": 64, "lr": 0.06},
+                "augment": {},
+                "params": {},
+            }
+            for section, settings in WIDE_BASE_SETTINGS.get(base, {}).items():
+                cfg[section].update(settings)
+            for section, settings in variant.items():  # a sweep of a method's own setting lies in params
+                cfg[section if section in cfg else "params"].update(
+                    settings if isinstance(settings, dict) else {section: settings}
+                )
+            meta = {"seed": seed, "train_wall_time_s": 5.0 + i, "images_per_s": 50.0 + i, "device": "cpu"}
+            meta |= {"git_commit": "unknown", "git_dirty": None, "versions": {"torch": "2.0"}}
+            folder = run_folder(results, DATASET, label, seed)
+            folder.mkdir(parents=True)
+            (folder / "run.json").write_text(json.dumps({"cfg": cfg, "meta": meta}))
+            log = {"epoch": [1, 2], "loss": [2.0, 1.0], "images_per_s": [50.0 + i] * 2}
+            if base == "moco":  # the queue it trained with: the base's 4096 shrunk to fit the data
+                log["queue_size"] = [cfg["params"]["queue_size"] if variant else 2048] * 2
+            pd.DataFrame(log).to_csv(folder / "train_log.csv", index=False)
+            for target in (DATASET, TARGET):
+                for protocol, metric in WIDE_METRICS.items():
+                    value = 0.4 + 0.004 * i + rng.normal(0, 0.01) - 0.1 * (target == TARGET)
+                    rows.append(
+                        {
+                            "pretrain_dataset": DATASET,
+                            "eval_dataset": target,
+                            "method": label,
+                            "method_base": base,
+                            "variant": json.dumps(variant),
+                            "seed": seed,
+                            "protocol": protocol,
+                            "metric": metric,
+                            "value": value,
+                            "stale": base == STALE,
+                        }
+                    )
+    pd.DataFrame(rows).to_csv(results / "table.csv", index=False)
+    return results
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wide")
+    results = write_wide_results(root)
+    methods, config = write_methods_and_presets(root)
+    path = build_report(results, methods, config, root / "out")
+    parser = PageParser()
+    parser.feed(path.read_text())
+    return {"results": results, "out": root / "out", "html": path.read_text(), "path": path, "page": parser}
+
+
 # --------------------------------------------------------------------------- reading the page back
 class PageParser(HTMLParser):
     """Tables (by id: rows of (text, bold) cells), figure ids, images, and every URL-like attribute."""
@@ -301,7 +396,8 @@ FIGURES = ["bars", "lowshot", "training", "tsne", "kmeans", "estep"]
 TABLES = [
     f"table-headline-{DATASET}",
     f"table-headline-{PAIR_ID}",
-    f"table-targets-{DATASET}",
+    f"table-targets-{DATASET}-knn",
+    f"table-targets-{DATASET}-linear",
     "table-reproduced",
     "table-comparisons",
     "table-cost",
@@ -324,7 +420,7 @@ def test_every_table_and_figure_is_on_the_page_and_in_figures(report, page):
         assert png == (report["out"] / "figures" / f"{pair}_{kind}.png").read_bytes()
         pixels = mpimg.imread(bytes_io.BytesIO(png))
         assert pixels.shape[0] > 150 and pixels.shape[1] > 250 and pixels.std() > 0.05, kind
-    for name in ("summary", "comparisons", "reproduced", "cost", "environment"):
+    for name in ("summary", "comparisons", "reproduced", "cost", "environment", "ablations"):
         assert (report["out"] / f"{name}.csv").is_file()
 
 
@@ -347,8 +443,10 @@ def test_headline_cells_equal_summary_csv_and_best_is_bold(report, page, target)
     assert [r["method"][0] for r in rows] == sorted(METHODS if target == DATASET else TRANSFER)
     for label, protocol, metric in HEADLINE:
         present = [m for m in METHODS if (m, protocol, metric) in summary.index]
+        # a column no method of the pair has is left out (the transfer pair: kNN and linear only)
+        assert (label in rows[0]) == bool(present), label
         best = max(present, key=lambda m: summary.loc[(m, protocol, metric), "mean"]) if present else None
-        for row in rows:
+        for row in rows if present else []:
             method, (text, bold) = row["method"][0], row[label]
             if method not in present:
                 assert text == "—" and not bold
@@ -450,7 +548,14 @@ def test_reproduced_vs_reported_table(report, page):
     assert math.isclose(same["gap"], ours.mean() - 0.55)
     assert "config/cifar10.yaml" in reproduced.iloc[1]["reproduce"] and pd.isna(reproduced.iloc[1]["ours"])
     assert reproduced.iloc[2]["reproduce"].startswith("no preset")
+    # the table shows only what this run can speak to; the rest is one list, by what would reproduce it
     rows = records(page, "table-reproduced")
+    assert len(rows) == 1 and rows[0]["method"][0] == "alpha" and rows[0]["eval_dataset"][0] == DATASET
+    items = re.findall(r"<li>(.*?)</li>", report["html"].split('id="list-to-reproduce"')[1].split("</ul>")[0])
+    hints = sorted(reproduced["reproduce"].dropna())  # "no preset: …" (Table 3), "run with … cifar10.yaml …"
+    assert len(items) == 2 and all(item.startswith(f"{hint}: ") for item, hint in zip(items, hints))
+    assert items[0].endswith(": alpha lowshot_svm/map_k1_mean")
+    assert items[1].endswith(": alpha linear/top1") and "config/cifar10.yaml" in items[1]
     for row, (_, expected) in zip(rows, reproduced.iterrows()):
         assert close(row["reported (%)"][0], expected["reported"], 100, 2)
         for shown, column in (("ours (%)", "ours"), ("gap (% points)", "gap")):
@@ -519,7 +624,7 @@ def test_methods_by_targets_matrix_equals_summary_csv(report, page):
     first, "—" where a method was not evaluated on a target, the best of each column in bold."""
     summary = csv(report, "summary")
     knn = summary[summary["metric"] == "top1_k200_t0.1"].set_index(["method", "eval_dataset"])
-    rows = records(page, f"table-targets-{DATASET}")
+    rows = records(page, f"table-targets-{DATASET}-knn")
     assert list(rows[0]) == ["method", DATASET, TARGET]
     assert [r["method"][0] for r in rows] == sorted(METHODS)
     for target in (DATASET, TARGET):
@@ -550,19 +655,139 @@ def test_missing_inputs_name_the_file(tmp_path, report):
         build_report(results, tmp_path, tmp_path, tmp_path / "out")
 
 
+def test_ablations_csv_holds_every_sweep_point_and_the_base_runs(wide):
+    """One axis per swept setting; the base run sits on each axis at its own value (from run.json, or
+    the one its training log says it used: the base MoCo's queue);
+    SupCon and supervised CE share train.lr; mean, std, n equal the summary of the label's rows."""
+    ablations, summary = csv(wide, "ablations"), csv(wide, "summary")
+    expected = {
+        "queue_size": {
+            ("moco", "moco"): "2048",
+            ("moco", "moco[queue_size=256]"): "256",
+            ("moco", "moco[queue_size=1024]"): "1024",
+        },
+        "train.lr": {
+            ("supcon", "supcon"): "0.06",
+            ("supcon", "supcon[train.lr=0.01]"): "0.01",
+            ("supcon", "supcon[train.lr=0.3]"): "0.3",
+            ("supervised", "supervised"): "0.1",
+            ("supervised", "supervised[train.lr=0.3]"): "0.3",
+        },
+        "augment.policy": {
+            ("supcon", "supcon"): "simclr",
+            ("supcon", "supcon[augment.policy=randaugment]"): "randaugment",
+            ("supcon", "supcon[augment.policy=autoaugment]"): "autoaugment",
+        },
+    }
+    assert set(ablations["setting"]) == set(expected)
+    for setting, points in expected.items():
+        rows = ablations[ablations["setting"] == setting]
+        # every point on both dataset pairs and both metrics
+        assert len(rows) == 4 * len(points) and set(rows["eval_dataset"]) == {DATASET, TARGET}
+        shown = {
+            (b, m): str(v) for b, m, v in rows[["method_base", "method", "value"]].itertuples(index=False)
+        }
+        assert shown == points
+    # along a numeric axis in numeric order, per (pair, method, metric)
+    queue = ablations[(ablations["setting"] == "queue_size") & (ablations["metric"] == "top1")]
+    assert list(queue["value"].astype(str))[:3] == ["256", "1024", "2048"]
+    keyed = summary.set_index(["eval_dataset", "method", "protocol", "metric"])
+    for row in ablations.itertuples():
+        stats = keyed.loc[(row.eval_dataset, row.method, row.protocol, row.metric)]
+        assert math.isclose(row.mean, stats["mean"]) and math.isclose(row.std, stats["std"]) and row.n == 3
+
+
+def test_sweep_values_keep_their_type_without_a_text_setting(wide):
+    """Only numeric sweeps (no policy name among them): a queue size stays 256, never 256.0."""
+    runs = read_runs(wide["results"], pd.read_csv(wide["results"] / "table.csv"))
+    points = sweep_points([r for r in runs if r.cfg["method_base"] in ("moco", "supervised")])
+    assert dict(zip(points["method"], points["value"])) == {
+        "moco": "2048",
+        "moco[queue_size=256]": "256",
+        "moco[queue_size=1024]": "1024",
+        "supervised": "0.1",
+        "supervised[train.lr=0.3]": "0.3",
+    }
+
+
+def test_ablation_figures_numeric_axes_and_grouped_policies(wide):
+    ablations = csv(wide, "ablations")
+    ids = [f"fig-ablation-{s}-sweeps" for s in ("augment.policy", "queue_size", "train.lr")]
+    assert [f for f in wide["page"].figures if f.startswith("fig-ablation")] == ids
+    for setting in ("augment.policy", "queue_size", "train.lr"):
+        assert (wide["out"] / "figures" / f"ablation_{setting}.png").stat().st_size > 5000
+    lr = ablation_figure("train.lr", ablations[ablations["setting"] == "train.lr"])
+    axes = [ax for ax in lr.axes if ax.get_visible()]
+    assert len(axes) == 4 and all(ax.get_xscale() == "log" for ax in axes)  # 0.01 … 0.3: over a decade
+    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["supcon", "supervised"]
+    policy = ablation_figure("augment.policy", ablations[ablations["setting"] == "augment.policy"])
+    ticks = [t.get_text() for t in policy.axes[0].get_xticklabels()]
+    assert ticks == ["autoaugment", "randaugment", "simclr"] and policy.axes[0].get_xscale() == "linear"
+
+
+def test_comparison_matrices_equal_comparisons_csv_at_full_size(wide):
+    """Per dataset pair and headline metric one methods × methods matrix: row − column in % points,
+    the mirror of each compared pair negated, coloured by sign, strong only where p < 0.05."""
+    comparisons = csv(wide, "comparisons")
+    matrices = re.findall(r'<table class="matrix" id="([^"]+)">(.*?)</table>', wide["html"])
+    methods = sorted(
+        {m for label, (base, _) in ({m: (m, 0) for m in WIDE_BASES} | WIDE_SWEEPS).items() for m in [label]}
+    )
+    assert len(methods) >= 16 and len(matrices) == 4  # 2 pairs x (kNN, linear)
+    kinds = set()
+    for table_id, body in matrices:
+        pair_part, protocol, metric = re.fullmatch(r"matrix-(.+)-(knn|linear)-(.+)", table_id).groups()
+        target = TARGET if pair_part == PAIR_ID else DATASET
+        rows = re.findall(r'<tr><th class="text">([^<]+)</th>(.*?)</tr>', body)
+        assert [r for r, _ in rows] == methods
+        cells = {r: re.findall(r'<td class="([^"]+)"(?: title="[^"]*")?>([^<]*)</td>', c) for r, c in rows}
+        of = comparisons[(comparisons["eval_dataset"] == target) & (comparisons["metric"] == metric)]
+        for a, b, diff, p in of[["method_a", "method_b", "mean_diff", "p_value"]].itertuples(index=False):
+            for row, column, sign in ((a, b, 1), (b, a, -1)):
+                kind, text = cells[row][methods.index(column)]
+                assert close(text.replace("+", ""), sign * diff, 100, 1), (row, column)
+                assert kind.split()[0] == ("better" if sign * diff > 0 else "worse")
+                assert ("sig" in kind.split()) == (p < 0.05)
+                kinds.add(kind)
+        assert all(cells[m][i] == ("self", "") for i, m in enumerate(methods))
+    assert {"better sig", "worse sig", "better", "worse"} <= kinds  # both colours, both strengths
+
+
+def test_stale_methods_are_marked_with_how_to_refresh(wide):
+    for table_id in (
+        f"table-headline-{DATASET}",
+        f"table-headline-{PAIR_ID}",
+        f"table-targets-{DATASET}-knn",
+    ):
+        names = [r["method"][0] for r in records(wide["page"], table_id)]
+        assert [n for n in names if "†" in n] == [f"{STALE} †"], table_id
+    assert "sslbench status" in wide["html"].split('id="stale-note"')[1].split("</p>")[0]
+    markdown = (wide["out"] / "table.md").read_text()
+    assert f"| {STALE} † |" in markdown and "sslbench status" in markdown
+    assert "†" not in (Path(wide["out"]) / "summary.csv").read_text()  # the CSVs keep the plain labels
+
+
+def test_runs_outside_a_git_checkout_show_unknown(wide):
+    """git_dirty is None in every run.json (no git checkout): the report says unknown, never nan/None."""
+    runs = records(wide["page"], "table-runs")
+    assert len(runs) == 3 * (len(WIDE_BASES) + len(WIDE_SWEEPS))
+    assert {(r["git_commit"][0], r["git_dirty"][0]) for r in runs} == {("unknown", "unknown")}
+    versions = {r["package"][0]: r["version(s)"][0] for r in records(wide["page"], "table-versions")}
+    assert versions["git_dirty"] == versions["git_commit"] == "unknown"
+
+
 CHROMIUM = "/usr/bin/chromium"
+WINDOW = (1400, 2200)
 
 
-def test_report_renders_in_headless_chromium(report, tmp_path):
-    """A screenshot with content and no console error. The page has no script, so the console can only
-    report resources that failed; Chromium logs console messages to stderr with --enable-logging."""
+def run_chromium(page: Path, tmp_path: Path, *action: str) -> subprocess.CompletedProcess:
+    """Headless Chromium on a file; console messages go to stderr (--enable-logging)."""
     require(
         "chromium",
         None
         if os.path.exists(CHROMIUM)
         else f"{CHROMIUM} is absent (apt-get install chromium; CI installs it)",
     )
-    shot = tmp_path / "report.png"
     run = subprocess.run(
         [
             CHROMIUM,
@@ -578,20 +803,56 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
             "--enable-logging=stderr",
             "--v=0",
             "--hide-scrollbars",
-            "--window-size=1400,2200",
-            f"--screenshot={shot}",
-            report["path"].as_uri(),
+            f"--window-size={WINDOW[0]},{WINDOW[1]}",
+            *action,
+            page.as_uri(),
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=90,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.parametrize("which", ["report", "wide"])
+def test_report_renders_in_headless_chromium(request, which, tmp_path):
+    """A screenshot with content and no console error, for the three-method page with every figure and
+    for the page of the full method list. The page has no script, so the console can only report
+    resources that failed."""
+    path = request.getfixturevalue(which)["path"]
+    shot = tmp_path / "report.png"
+    run = run_chromium(path, tmp_path, f"--screenshot={shot}")
     assert not re.search(r"Uncaught|ERROR:CONSOLE|Failed to load resource|net::ERR_", run.stderr), run.stderr[
         -3000:
     ]
     pixels = mpimg.imread(shot)
-    assert pixels.shape[:2] == (2200, 1400)
+    assert pixels.shape[:2] == WINDOW[::-1]
     assert shot.stat().st_size > 50_000 and pixels[..., :3].std() > 0.1
     if os.environ.get("SSLBENCH_KEEP_SCREENSHOT"):  # to look at it: SSLBENCH_KEEP_SCREENSHOT=/tmp/shot.png
-        shutil.copy(shot, os.environ["SSLBENCH_KEEP_SCREENSHOT"])
+        shutil.copy(shot, os.environ["SSLBENCH_KEEP_SCREENSHOT"].replace(".png", f"-{which}.png"))
+
+
+# Measures the laid-out page in the browser (in a copy: the report itself runs no script) and writes
+# what it found into the DOM, which --dump-dom prints.
+MEASURE = """<script>
+const chosen = "table.matrix, table[id^=table-headline], table[id^=table-targets]";
+const fonts = t => [...t.querySelectorAll("td")].map(c => parseFloat(getComputedStyle(c).fontSize));
+const out = [...document.querySelectorAll(chosen)]
+  .map(t => ({id: t.id, right: t.getBoundingClientRect().right, font: Math.min(...fonts(t))}));
+document.body.setAttribute("data-measured", JSON.stringify({width: window.innerWidth, tables: out}));
+</script></body>"""
+
+
+def test_matrices_fit_the_window_at_full_size(wide, tmp_path):
+    """At 24 methods every methods × methods matrix, headline and methods × targets table fits a
+    1400-pixel window without scrolling, in type no smaller than 10 px (vertical column heads)."""
+    copy = tmp_path / "measured.html"
+    copy.write_text(wide["html"].replace("</body>", MEASURE))
+    dom = run_chromium(copy, tmp_path, "--dump-dom").stdout
+    measured = json.loads(re.search(r'data-measured="([^"]+)"', dom).group(1).replace("&quot;", '"'))
+    ids = [t["id"] for t in measured["tables"]]
+    assert sum(i.startswith("matrix-") for i in ids) == 4 and f"table-headline-{DATASET}" in ids
+    for table in measured["tables"]:
+        assert table["right"] <= measured["width"], table
+        assert table["font"] >= 10, table

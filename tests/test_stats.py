@@ -14,11 +14,15 @@ from sslbench.config import ConfigError
 from sslbench.stats import (
     HEADLINE,
     TableError,
+    ablation_table,
     best_methods,
+    comparison_matrix,
     headline_stats,
     headline_table,
+    matrix_metrics,
     paired_comparison,
     reproduced_vs_reported,
+    stale_methods,
     summarise,
 )
 
@@ -162,6 +166,67 @@ def test_every_pair_once_on_shared_seeds_only():
     assert same.loc[0, "p_value"] == 1.0 and same.loc[0, "verdict"] == "within noise"
 
 
+def test_comparison_matrix_mirrors_each_pair():
+    """Row − column: a − b on one side, b − a on the other, the same p and n; the diagonal and methods
+    sharing no seed stay empty."""
+    table = pd.concat(
+        [
+            long_table({"a": [0.3, 0.4, 0.5], "b": [0.1, 0.25, 0.3], "c": [0.9]}),
+            long_table({"a": [0.1, 0.1]}, target="fashion_mnist"),  # another pair: not mixed in
+        ]
+    )
+    comparisons = paired_comparison(table, "knn", "top1_k200_t0.1")
+    m = comparison_matrix(comparisons, ("digits", "digits"), "knn", "top1_k200_t0.1")
+    assert list(m["diff"].index) == list(m["diff"].columns) == ["a", "b", "c"]
+    assert math.isclose(m["diff"].loc["a", "b"], 0.55 / 3) and math.isclose(
+        m["diff"].loc["b", "a"], -0.55 / 3
+    )
+    assert m["p"].loc["a", "b"] == m["p"].loc["b", "a"] == comparisons.loc[0, "p_value"]
+    assert m["n"].loc["b", "a"] == 3 and m["n"].loc["a", "c"] == 1
+    assert math.isclose(m["diff"].loc["c", "a"], 0.6) and np.isnan(np.diag(m["diff"].to_numpy())).all()
+
+
+def test_stale_methods_per_pair():
+    table = long_table({"a": [0.1, 0.2], "b": [0.3, 0.4]}).assign(stale=[False, True, False, False])
+    transfer = long_table({"b": [0.2]}, target="fashion_mnist").assign(stale=[True])
+    table = pd.concat([table, transfer])
+    assert stale_methods(table, ("digits", "digits")) == {"a"}
+    assert stale_methods(table, ("digits", "fashion_mnist")) == {"b"}
+    assert stale_methods(table.drop(columns="stale"), ("digits", "digits")) == set()  # an older table
+
+
+def test_matrix_metrics_need_two_targets():
+    own = long_table({"a": [0.1]})
+    knn_both = pd.concat([own, long_table({"a": [0.2]}, target="fashion_mnist")])
+    linear_own = long_table({"a": [0.3]}, protocol="linear", metric="top1")
+    summary = summarise(pd.concat([knn_both, linear_own]))
+    assert matrix_metrics(summary, "digits") == [HEADLINE[0]]
+    linear_both = long_table({"a": [0.3]}, protocol="linear", metric="top1", target="fashion_mnist")
+    summary = summarise(pd.concat([knn_both, linear_own, linear_both]))
+    assert matrix_metrics(summary, "digits") == HEADLINE[:2] and matrix_metrics(summary, "cifar10") == []
+
+
+def test_ablation_table_joins_points_to_their_summary_in_axis_order():
+    table = pd.concat(
+        [
+            long_table({"m": [0.5, 0.6], "m[k=1]": [0.1, 0.2], "m[k=10]": [0.3, 0.3], "other": [0.9, 0.9]}),
+            long_table({"m": [0.7, 0.7]}, protocol="clustering", metric="ami"),  # not an ablation metric
+        ]
+    )
+    points = pd.DataFrame(
+        {
+            "setting": ["k"] * 3,
+            "method": ["m[k=10]", "m", "m[k=1]"],
+            "method_base": ["m"] * 3,
+            "value": ["10", "4", "1"],
+            "order": [10.0, 4.0, 1.0],
+        }
+    )
+    out = ablation_table(summarise(table), points)
+    assert list(out["value"]) == ["1", "4", "10"] and set(out["metric"]) == {"top1_k200_t0.1"}
+    assert list(out["mean"].round(6)) == [0.15, 0.55, 0.3] and list(out["n"]) == [2, 2, 2]
+
+
 # --------------------------------------------------------------------------- headline
 def headline_summary():
     rows = []
@@ -194,6 +259,12 @@ def test_headline_table_strings_and_missing_columns():
         out.loc["moco", "semi-sup 1% top-1"] == "—" and out.loc["pcl", "semi-sup 1% top-1"] == "52.50 ± 0.71"
     )
     assert out.loc["moco", "AMI"] == "50.00 (n=1)"
+
+
+def test_headline_table_leaves_out_columns_no_method_has():
+    summary = headline_summary()
+    out = headline_table(summary[summary["protocol"].isin(["knn", "linear"])])
+    assert list(out.columns) == ["kNN top-1 (k200_t0.1)", "linear top-1"]
 
 
 def test_best_per_column_ties_at_display_precision():
@@ -321,3 +392,12 @@ def test_paper_yaml_entry_without_a_key_is_named(dirs):
     )
     with pytest.raises(ConfigError, match=r"moco/paper.yaml: results\[0\] lacks"):
         reproduced_vs_reported(long_table({"moco": [0.7]}), methods, config)
+
+
+def test_paper_yaml_of_a_method_without_results_is_not_read(dirs):
+    """A broken folder skipped with --keep-going has no rows: its paper.yaml cannot stop the report."""
+    methods, config = dirs
+    (methods / "broken").mkdir()
+    (methods / "broken" / "paper.yaml").write_text(yaml.safe_dump({"results": [{"value": 1}]}))
+    table = long_table({"moco": [0.7]}, protocol="linear", metric="top1").assign(method_base="moco")
+    assert set(reproduced_vs_reported(table, methods, config)["method"]) == {"moco"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import atomic
-from .figures import draw_figures
+from .figures import draw_ablations, draw_figures
 from .page import render_page
 from .tables import ReportInputError, compute_tables, read_runs, read_table, write_tables
 
@@ -21,12 +21,13 @@ __all__ = ["ReportInputError", "build_report"]
 def build_report(
     results_dir: str | Path, methods_dir: str | Path, config_dir: str | Path, out_dir: str | Path
 ) -> Path:
-    """Write summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv, table.md,
-    figures/*.png and report.html into ``out_dir``; return the path of report.html."""
+    """Write summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv, ablations.csv,
+    table.md, figures/*.png and report.html into ``out_dir``; return the path of report.html."""
     results_dir, out_dir = Path(results_dir), Path(out_dir)
     table = read_table(results_dir)
     runs = read_runs(results_dir, table)
     tables = compute_tables(table, runs, results_dir, methods_dir, config_dir)
     write_tables(tables, out_dir)
     figures = {pair: draw_figures(pair, tables, runs, out_dir / "figures") for pair in tables.pairs}
-    return atomic.write_text(out_dir / "report.html", render_page(tables, figures, runs))
+    ablations = draw_ablations(tables.ablations, out_dir / "figures")
+    return atomic.write_text(out_dir / "report.html", render_page(tables, figures, ablations, runs))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pandas as pd
 
 from .. import atomic
 from ..results import side_file
-from ..stats import HEADLINE, headline_stats, pair_id, pair_name
+from ..stats import HEADLINE, PAIR, TOP1, headline_stats, pair_id, pair_name
 from .tables import Run, Tables, first_seed_runs
 
 MAX_ESTEP_PANELS = 6
@@ -93,6 +94,60 @@ def draw_figures(pair: tuple[str, str], tables: Tables, runs: list[Run], figures
         Figure(kind, caption, save_figure(fig, figures_dir, f"{pair_id(*pair)}_{kind}"))
         for kind, fig, caption in drawn
     ]
+
+
+def draw_ablations(ablations: pd.DataFrame, figures_dir: Path) -> list[Figure]:
+    """One figure per swept setting (``figures_dir/ablation_<setting>.png``), from ablations.csv's rows."""
+    return [
+        Figure(
+            f"ablation-{setting}",
+            f"Ablation over {setting}: kNN and linear top-1 against the value each run trained with, mean "
+            "over seeds, error bars 95% CI (none with one seed); one line per method sweeping it",
+            save_figure(
+                ablation_figure(setting, rows), figures_dir, "ablation_" + re.sub(r"[^\w.=-]", "_", setting)
+            ),
+        )
+        for setting, rows in ablations.groupby("setting", sort=True)
+    ]
+
+
+def ablation_figure(setting: str, rows: pd.DataFrame):
+    """One panel per (dataset pair, metric); numbers on a numeric axis (log where they span a decade),
+    other values (a policy's name) as grouped points, side by side per method."""
+    metrics = [(p, m) for _, p, m in TOP1]
+    panels = sorted(
+        rows.groupby([*PAIR, "protocol", "metric"]),
+        key=lambda panel: (panel[0][0], panel[0][0] != panel[0][1], panel[0][1], metrics.index(panel[0][2:])),
+    )  # each pretraining set's own target first, kNN before linear
+    numbers = pd.to_numeric(rows["value"], errors="coerce")
+    categorical = numbers.isna().any()
+    values = sorted(set(rows["value"].astype(str))) if categorical else sorted(set(numbers))
+    bases = sorted(rows["method_base"].unique())
+    colours = method_colours(bases)
+    fig, axes = new_figure(len(panels), width=4.4, height=3.4, columns=4)
+    for ax, ((pretrain, target, protocol, metric), data) in zip(axes, panels):
+        for i, (base, line) in enumerate(data.groupby("method_base", sort=True)):
+            if categorical:
+                x = [values.index(str(v)) + (i - (len(bases) - 1) / 2) * 0.15 for v in line["value"]]
+            else:
+                x = pd.to_numeric(line["value"]).to_numpy()
+            errors = (100 * line["ci95"]).fillna(0.0).to_numpy()
+            style = {"color": colours[base], "label": base, "marker": "o", "capsize": 3}
+            ax.errorbar(x, 100 * line["mean"], yerr=errors, linestyle="none" if categorical else "-", **style)
+        if categorical:
+            ax.set_xticks(range(len(values)), values, rotation=20, ha="right")
+        else:
+            if min(values) > 0 and max(values) >= 10 * min(values):
+                ax.set_xscale("log")
+            ax.set_xticks(values, [f"{v:g}" for v in values], rotation=30, ha="right")
+            ax.minorticks_off()  # the swept values are the ticks
+        label = next(label for label, p, m in TOP1 if (p, m) == (protocol, metric))
+        ax.set_title(f"{pair_name(pretrain, target)}: {label}", fontsize=9)
+        ax.set_xlabel(setting)
+        ax.set_ylabel("%")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{setting}: mean over seeds, error bars 95% CI", fontsize=10)
+    return fig
 
 
 def method_colours(methods: list[str]) -> dict[str, tuple]:

@@ -13,16 +13,29 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..stats import best_methods, headline_stats, headline_table, pair_id, pair_name
+from ..stats import (
+    ALPHA,
+    HEADLINE,
+    MISSING,
+    best_methods,
+    comparison_matrix,
+    headline_stats,
+    headline_table,
+    pair_id,
+    pair_name,
+    significant,
+)
 from .figures import Figure
 from .tables import (
     MATRIX_NOTE,
-    UNKNOWN,
+    STALE_NOTE,
     Run,
     Tables,
     comparisons_display,
     cost_display,
     first_seed_runs,
+    known_text,
+    mark_stale,
     reproduced_display,
     summary_display,
     versions_display,
@@ -41,6 +54,12 @@ figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:.85em;color:#555}.note{font-size:.85em;color:#555}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.8em}
 details{margin:.5em 0}summary{cursor:pointer}
+table.matrix td,table.matrix th{padding:.1em .3em;font-size:.85em}
+table.matrix th.col{writing-mode:vertical-rl;transform:rotate(180deg);text-align:left;vertical-align:bottom}
+table.matrix td.better{background:#d9f0d3}table.matrix td.worse{background:#fbe0dc}
+table.matrix td.better.sig{background:#1b7837;color:#fff;font-weight:bold}
+table.matrix td.worse.sig{background:#b2182b;color:#fff;font-weight:bold}
+table.matrix td.self{background:#eee}table.matrix td.untested{background:#fff;color:#888}
 """
 
 NUMERIC_CELL = re.compile(r"^[-+−]?[\d.]+(e[-+]?\d+)?( ± [\d.]+)?( \(n=1\))?$|^—$")
@@ -78,16 +97,85 @@ def html_figure(png: bytes, figure_id: str, caption: str) -> str:
     )
 
 
-def headline_html(summary: pd.DataFrame, pair: tuple[str, str], footnote: str) -> str:
+def headline_html(summary: pd.DataFrame, pair: tuple[str, str], footnote: str, stale: set[str]) -> str:
     cells = headline_table(summary, pair)
     best = best_methods(headline_stats(summary, pair)["mean"])
-    return methods_table_html(cells, best, f"table-headline-{pair_id(*pair)}") + note(footnote)
+    return methods_table_html(cells, best, f"table-headline-{pair_id(*pair)}", stale) + note(footnote)
 
 
-def methods_table_html(cells: pd.DataFrame, best: dict[str, set[str]], table_id: str) -> str:
-    """Methods × columns of display strings, the best of each column in bold."""
+def methods_table_html(cells: pd.DataFrame, best: dict[str, set[str]], table_id: str, stale: set[str]) -> str:
+    """Methods × columns of display strings, the best of each column in bold, stale methods marked."""
     bold = {(i, c) for i, m in enumerate(cells.index) for c in cells.columns if m in best[c]}
-    return html_table(cells.reset_index(), table_id, bold)
+    return html_table(mark_stale(cells, stale).reset_index(), table_id, bold)
+
+
+def comparison_cell(diff: float, p: float, n: float, row: str, column: str) -> str:
+    """One cell of a methods × methods matrix: row − column in % points, coloured by sign, strong
+    where the paired test clears the noise; the full numbers in its title."""
+    if row == column:
+        return '<td class="self"></td>'
+    if not pd.notna(diff):
+        return f'<td class="untested">{MISSING}</td>'
+    side = "better" if diff > 0 else "worse" if diff < 0 else "tie"
+    tested = n >= 2
+    kind = f"{side} sig" if significant(p, n) else side if tested else f"{side} untested"
+    p_text = f"p = {p:.3g}" if tested else "untested (n < 2)"
+    title = f"{row} − {column}: {100 * diff:+.2f} % points, {p_text}, n = {int(n)}"
+    shown = f"{100 * diff:+.1f}".replace("-", "−")
+    return f'<td class="{kind}" title="{html.escape(title)}">{shown}</td>'
+
+
+def comparison_matrix_html(
+    comparisons: pd.DataFrame, pair: tuple[str, str], protocol: str, metric: str
+) -> str:
+    parts = comparison_matrix(comparisons, pair, protocol, metric)
+    methods = list(parts["diff"].index)
+    head = "<th></th>" + "".join(f'<th class="col">{html.escape(m)}</th>' for m in methods)
+    body = [
+        f'<tr><th class="text">{html.escape(row)}</th>'
+        + "".join(
+            comparison_cell(parts["diff"].loc[row, c], parts["p"].loc[row, c], parts["n"].loc[row, c], row, c)
+            for c in methods
+        )
+        + "</tr>"
+        for row in methods
+    ]
+    table_id = f"matrix-{pair_id(*pair)}-{protocol}-{metric}"
+    return (
+        f'<table class="matrix" id="{html.escape(table_id)}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+COMPARISON_NOTE = (
+    "Cell: mean over shared seeds of row − column, in % points (paired by seed). Green: the row is "
+    f"better, red: worse; dark and bold where the paired t-test (scipy.stats.ttest_rel) gives p < {ALPHA}, "
+    "pale where the difference is within noise, grey with one seed (untested). Per pair, not corrected "
+    "for the number of pairs; hover a cell for its p and n. Every pair: comparisons.csv."
+)
+
+
+def comparisons_html(tables: Tables) -> str:
+    """Per dataset pair, one methods × methods matrix per headline metric compared, then the full
+    pairwise table folded."""
+    comparisons = tables.comparisons
+    parts = []
+    for pair in tables.pairs:
+        of_pair = comparisons[
+            (comparisons["pretrain_dataset"] == pair[0]) & (comparisons["eval_dataset"] == pair[1])
+        ]
+        present = set(zip(of_pair["protocol"], of_pair["metric"]))
+        for label, protocol, metric in HEADLINE:
+            if (protocol, metric) in present:
+                parts.append(f"<h3>{html.escape(pair_name(*pair))}: {html.escape(label)}</h3>")
+                parts.append(comparison_matrix_html(tables.comparisons, pair, protocol, metric))
+    return (
+        "".join(parts)
+        + note(COMPARISON_NOTE)
+        + "<details><summary>every pair, every headline metric (comparisons.csv)</summary>"
+        + html_table(comparisons_display(tables.comparisons), "table-comparisons")
+        + "</details>"
+    )
 
 
 @dataclass
@@ -120,70 +208,94 @@ def configs_html(runs: list[Run]) -> str:
     return "".join(parts)
 
 
-def render_page(tables: Tables, figures: dict[str, list[Figure]], runs: list[Run]) -> str:
-    """The page: headlines, failures, reproduced vs reported, comparisons, each dataset's figures,
-    cost, environment and every metric."""
+def reproduced_html(reproduced: pd.DataFrame) -> str:
+    """Our numbers beside the papers' where this run has the paper's settings; the other reported
+    numbers in one list, grouped by what would reproduce them."""
+    ours = reproduced[reproduced["n"] > 0]
+    table = (
+        html_table(reproduced_display(ours), "table-reproduced")
+        if len(ours)
+        else '<p id="table-reproduced" class="note">No reported number has a run with its settings here.</p>'
+    )
+    items = [
+        f"<li>{html.escape(hint)}: "
+        + html.escape(
+            ", ".join(dict.fromkeys(f"{r.method} {r.protocol}/{r.metric}" for r in rows.itertuples()))
+        )
+        + "</li>"
+        for hint, rows in reproduced[reproduced["n"] == 0].groupby("reproduce", sort=True)
+    ]
+    listed = f'<h3>To reproduce</h3><ul id="list-to-reproduce">{"".join(items)}</ul>' if items else ""
+    return (
+        table
+        + note(
+            "Reported: the paper's number (methods/<name>/paper.yaml). Ours: our runs with the paper's "
+            "pretraining and evaluation datasets, backbone and epochs; gap = ours − reported. "
+            "Every row, with its source and the preset that would produce the missing ones: reproduced.csv."
+        )
+        + listed
+    )
+
+
+def ablations_html(ablations: list[Figure]) -> str:
+    return "".join(figure_html(f, "sweeps") for f in ablations) + note(
+        "Every point of these figures: ablations.csv (setting, dataset pair, method, value, mean, std, "
+        "ci95, n)."
+    )
+
+
+def render_page(
+    tables: Tables, figures: dict[str, list[Figure]], ablations: list[Figure], runs: list[Run]
+) -> str:
+    """The page: headlines, methods × targets, failures, reproduced vs reported, comparisons, each
+    dataset pair's figures, ablations, cost, environment and every metric."""
     page = Page()
     for pair in tables.pairs:
-        page.add(f"Headline: {pair_name(*pair)}", headline_html(tables.summary, pair, tables.footnotes[pair]))
+        body = headline_html(tables.summary, pair, tables.footnotes[pair], tables.stale(pair))
+        page.add(f"Headline: {pair_name(*pair)}", body)
     for matrix in tables.matrices:
-        table = methods_table_html(matrix.cells, matrix.best, f"table-targets-{matrix.pretrain}")
+        stale = tables.stale((matrix.pretrain, matrix.pretrain))
+        table = methods_table_html(
+            matrix.cells, matrix.best, f"table-targets-{matrix.pretrain}-{matrix.protocol}", stale
+        )
         page.add(f"Methods × targets: {matrix.title}", table + note(MATRIX_NOTE))
+    if any(tables.stale(pair) for pair in tables.pairs):
+        page.sections.append(f'<p class="note" id="stale-note">{html.escape(STALE_NOTE)}</p>')
     if len(tables.failures):
         page.add(
             "Failed method folders",
             html_table(tables.failures, "table-failures")
             + note("Skipped with --keep-going: fix these folders and rerun (results/failures.csv)."),
         )
-    page.add(
-        "Reproduced vs reported",
-        (
-            html_table(reproduced_display(tables.reproduced), "table-reproduced")
-            if len(tables.reproduced)
-            else '<p id="table-reproduced" class="note">'
-            "No methods/&lt;name&gt;/paper.yaml lists reported numbers.</p>"
-        )
-        + note(
-            "Reported: the paper's number (methods/<name>/paper.yaml). Ours: our runs with the "
-            "paper's pretraining and evaluation datasets, "
-            "backbone and epochs; gap = ours − reported. Otherwise: the preset that would produce it."
-        ),
-    )
-    page.add(
-        "Paired comparisons",
-        html_table(comparisons_display(tables.comparisons), "table-comparisons")
-        + note(
-            "Each headline metric, every pair of methods, paired by seed (scipy.stats.ttest_rel). "
-            "Verdict at alpha 0.05 per pair, not corrected for the number of pairs."
-        ),
-    )
+    page.add("Reproduced vs reported", reproduced_html(tables.reproduced))
+    page.add("Paired comparisons", comparisons_html(tables))
     for pair in tables.pairs:
         page.add(
             f"Figures: {pair_name(*pair)}", "".join(figure_html(f, pair_id(*pair)) for f in figures[pair])
         )
+    if ablations:
+        page.add("Ablations", ablations_html(ablations))
     page.add(
         "Cost",
         html_table(cost_display(tables.cost), "table-cost")
         + note("Means over seeds; peak GPU memory is the maximum over seeds (— on CPU)."),
     )
-    environment = tables.environment
-    page.add(
-        "Environment",
-        html_table(versions_display(environment), "table-versions")
-        + html_table(
-            environment[["pretrain_dataset", "method", "seed", "device", "git_commit", "git_dirty"]]
-            .fillna(UNKNOWN)
-            .astype(str),
-            "table-runs",
-        )
-        + configs_html(runs),
-    )
+    page.add("Environment", environment_html(tables.environment, runs))
     page.add(
         "All metrics",
         "<details><summary>every (pretraining dataset, evaluation dataset, method, protocol, metric)"
         "</summary>" + html_table(summary_display(tables.summary), "table-summary") + "</details>",
     )
     return page.render("sslbench report")
+
+
+def environment_html(environment: pd.DataFrame, runs: list[Run]) -> str:
+    columns = ["pretrain_dataset", "method", "seed", "device", "git_commit", "git_dirty"]
+    return (
+        html_table(versions_display(environment), "table-versions")
+        + html_table(environment[columns].map(known_text), "table-runs")
+        + configs_html(runs)
+    )
 
 
 def figure_html(figure: Figure, dataset: str) -> str:

@@ -16,28 +16,31 @@ from pathlib import Path
 import pandas as pd
 
 from .. import atomic
-from ..config import method_slug
+from ..config import METHOD_SECTIONS, flatten, method_slug
 from ..errors import SslbenchError, unreadable
 from ..stats import (
     MISSING,
     PAIR,
+    STALE_MARK,
     TableError,
+    ablation_table,
     best_methods,
     check_table,
     display_cells,
     headline_comparisons,
     headline_stats,
     headline_table,
-    matrix_metric,
+    matrix_metrics,
     pair_name,
     pairs,
     percent,
     reproduced_vs_reported,
+    stale_methods,
     summarise,
     target_matrix,
 )
 
-CSV_TABLES = ("summary", "comparisons", "reproduced", "cost", "environment")
+CSV_TABLES = ("summary", "comparisons", "reproduced", "cost", "environment", "ablations")
 UNKNOWN = "unknown"  # what provenance.git_state says outside a git checkout
 
 
@@ -127,7 +130,8 @@ class Matrix:
     """Methods × evaluation targets of one headline metric, for the runs of one pretraining dataset."""
 
     pretrain: str
-    label: str  # the headline column it shows (stats.matrix_metric)
+    label: str  # the headline column it shows (stats.matrix_metrics)
+    protocol: str
     parts: dict[str, pd.DataFrame]  # mean, std, n (stats.target_matrix)
 
     @property
@@ -147,6 +151,10 @@ MATRIX_NOTE = (
     "Columns: the evaluation targets (the pretraining set's own first; the others frozen-encoder "
     f"transfer). Cells: mean ± std over seeds, in %; best of each column in bold; {MISSING}: not evaluated."
 )
+STALE_NOTE = (
+    f"{STALE_MARK}: some of this method's results were computed by code that has changed since (the "
+    "table's `stale` column); `sslbench status` lists them and prints the one command that refreshes them."
+)
 
 
 @dataclass
@@ -159,6 +167,7 @@ class Tables:
     reproduced: pd.DataFrame
     cost: pd.DataFrame
     environment: pd.DataFrame
+    ablations: pd.DataFrame
     failures: pd.DataFrame
     footnotes: dict[tuple[str, str], str] = field(default_factory=dict)
     matrices: list[Matrix] = field(default_factory=list)
@@ -167,12 +176,14 @@ class Tables:
     def pairs(self) -> list[tuple[str, str]]:
         return list(self.footnotes)
 
+    def stale(self, pair: tuple[str, str]) -> set[str]:
+        return stale_methods(self.table, pair)
+
 
 def compute_tables(
     table: pd.DataFrame, runs: list[Run], results_dir: Path, methods_dir: str | Path, config_dir: str | Path
 ) -> Tables:
     summary = summarise(table)
-    chosen = {p: matrix_metric(summary, p) for p in sorted(table["pretrain_dataset"].unique())}
     return Tables(
         table=table,
         summary=summary,
@@ -180,29 +191,40 @@ def compute_tables(
         reproduced=reproduced_vs_reported(table, methods_dir, config_dir),
         cost=cost_table(runs, table),
         environment=environment_table(runs),
+        ablations=ablation_table(summary, sweep_points(runs)),
         failures=read_failures(results_dir / "failures.csv"),
         footnotes={pair: settings_footnote(table, pair) for pair in pairs(table)},
         matrices=[
-            Matrix(pretrain, label, target_matrix(summary, pretrain, protocol, metric))
-            for pretrain, (label, protocol, metric) in ((p, c) for p, c in chosen.items() if c)
+            Matrix(pretrain, label, protocol, target_matrix(summary, pretrain, protocol, metric))
+            for pretrain in sorted(table["pretrain_dataset"].unique())
+            for label, protocol, metric in matrix_metrics(summary, pretrain)
         ],
     )
 
 
 def write_tables(tables: Tables, out_dir: Path) -> None:
-    """summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv and table.md."""
+    """summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv, ablations.csv and
+    table.md."""
     for name in CSV_TABLES:
         atomic.write_text(out_dir / f"{name}.csv", getattr(tables, name).to_csv(index=False))
     markdown = "\n".join(
         (f"### {pair_name(*pair)}\n\n" if len(tables.pairs) > 1 else "")
-        + headline_markdown(tables.summary, pair, tables.footnotes[pair])
+        + headline_markdown(tables.summary, pair, tables.footnotes[pair], tables.stale(pair))
         for pair in tables.pairs
     )
     for matrix in tables.matrices:
-        markdown += f"\n### {matrix.title}\n\n{markdown_table(matrix.cells, matrix.best)}\n{MATRIX_NOTE}\n"
+        cells = mark_stale(matrix.cells, tables.stale((matrix.pretrain, matrix.pretrain)))
+        markdown += f"\n### {matrix.title}\n\n{markdown_table(cells, matrix.best)}\n{MATRIX_NOTE}\n"
+    if any(tables.stale(pair) for pair in tables.pairs):
+        markdown += f"\n{STALE_NOTE}\n"
     if len(tables.failures):  # method folders skipped with --keep-going: never silently absent
         markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in tables.failures.values)
     atomic.write_text(out_dir / "table.md", markdown)
+
+
+def mark_stale(cells: pd.DataFrame, stale: set[str]) -> pd.DataFrame:
+    """Display cells with STALE_MARK after the name of each method that has stale results."""
+    return cells.rename(index=lambda m: f"{m} {STALE_MARK}" if m in stale else m)
 
 
 def settings_footnote(table: pd.DataFrame, pair: tuple[str, str]) -> str:
@@ -231,8 +253,8 @@ def settings_footnote(table: pd.DataFrame, pair: tuple[str, str]) -> str:
     )
 
 
-def headline_markdown(summary: pd.DataFrame, pair: tuple[str, str], footnote: str) -> str:
-    cells = headline_table(summary, pair)
+def headline_markdown(summary: pd.DataFrame, pair: tuple[str, str], footnote: str, stale: set[str]) -> str:
+    cells = mark_stale(headline_table(summary, pair), stale)
     return markdown_table(cells, best_methods(headline_stats(summary, pair)["mean"])) + f"\n{footnote}\n"
 
 
@@ -242,7 +264,8 @@ def markdown_table(cells: pd.DataFrame, best: dict[str, set[str]]) -> str:
     rule = "|---|" + "---:|" * len(cells.columns)
     lines = [header, rule]
     for method, row in cells.iterrows():
-        shown = [f"**{row[c]}**" if method in best[c] else row[c] for c in cells.columns]
+        name = method.removesuffix(f" {STALE_MARK}")
+        shown = [f"**{row[c]}**" if name in best[c] else row[c] for c in cells.columns]
         lines.append(f"| {method} | " + " | ".join(shown) + " |")
     return "\n".join(lines) + "\n"
 
@@ -359,6 +382,12 @@ def environment_table(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def known_text(value) -> str:
+    """A provenance value as text; missing (git_dirty is None outside a git checkout, NaN once in a
+    frame) as "unknown". Never astype(str) on such a column: pandas 3 keeps NaN there."""
+    return UNKNOWN if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
 def versions_display(environment: pd.DataFrame) -> pd.DataFrame:
     """Each package's version(s) over all runs; more than one means the runs are not comparable."""
     columns = [c for c in environment.columns if c.startswith("version_")]
@@ -370,6 +399,64 @@ def versions_display(environment: pd.DataFrame) -> pd.DataFrame:
         for c in columns
     ]
     for key in ("git_commit", "git_dirty", "device"):
-        values = environment[key].fillna(UNKNOWN).unique()  # git_dirty is None outside a git checkout
-        rows.append({"package": key, "version(s)": ", ".join(sorted(map(str, values)))})
+        values = {known_text(v) for v in environment[key]}
+        rows.append({"package": key, "version(s)": ", ".join(sorted(values))})
     return pd.DataFrame(rows, columns=["package", "version(s)"])
+
+
+def setting_value(cfg: dict, key: str):
+    """A run's value of a swept setting: ``train.lr`` in its section, a method's own setting in its
+    params (where config.resolve_method_config puts them)."""
+    node = cfg if key.split(".")[0] in METHOD_SECTIONS else cfg["params"]
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def setting_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def used_value(run: Run, key: str, value):
+    """The value a run trained with: the last one its training log records under the setting's name
+    where it does (MoCo logs the queue size it shrank to fit the data), else the configured one."""
+    if key in run.log.columns and len(run.log) and pd.notna(run.log[key].iloc[-1]):
+        used = run.log[key].iloc[-1]
+        return int(used) if isinstance(value, int) and float(used).is_integer() else used
+    return value
+
+
+def sweep_points(runs: list[Run]) -> pd.DataFrame:
+    """setting, method (label), method_base, value (text), order: each run that changes one setting of
+    its method (a sweep's value or a one-setting variant), and the base run on each of its axes, at the
+    value it trained with (``used_value``). ``order``: the value itself where every value of the axis
+    is a number, else its rank as text."""
+    by_label = {r.method: r for r in runs}  # a label's settings are the same on every dataset and seed
+    rows = []
+    for label, run in by_label.items():
+        variant = flatten(run.cfg.get("variant") or {})
+        if len(variant) == 1:
+            ((key, value),) = variant.items()
+            value = used_value(run, key, value)
+            rows.append(
+                {"setting": key, "method": label, "method_base": run.cfg["method_base"], "raw": value}
+            )
+    for key, base in sorted({(r["setting"], r["method_base"]) for r in rows}):
+        if base in by_label:
+            try:
+                value = used_value(by_label[base], key, setting_value(by_label[base].cfg, key))
+            except (KeyError, TypeError):  # the base run does not say (a setting its method lacks by default)
+                continue
+            rows.append({"setting": key, "method": base, "method_base": base, "raw": value})
+    for row in rows:  # as text here: in one frame pandas would turn a column of ints and floats to floats
+        raw = row.pop("raw")
+        row["value"] = setting_text(raw)
+        row["number"] = (
+            float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else math.nan
+        )
+    points = pd.DataFrame(rows, columns=["setting", "method", "method_base", "value", "number"])
+    points["order"] = math.nan
+    for _, axis in points.groupby("setting"):
+        numeric = axis["number"].notna().all()
+        points.loc[axis.index, "order"] = axis["number"] if numeric else axis["value"].rank(method="dense")
+    return points.drop(columns="number")
