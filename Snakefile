@@ -32,7 +32,8 @@ with expected_errors("sslbench"):
     # Broken method folders are caught here, before any training, and left out of the DAG. Unless
     # --keep-going is given, the run then stops before its first job (onstart); with it, the other
     # methods run and results/failures.csv names the broken ones.
-    FAILED = method_problems(METHODS_DIR, METHODS)
+    # A folder found sound before with the same code is not imported again (no torch to plan).
+    FAILED = method_problems(METHODS_DIR, METHODS, checked=".snakemake/sslbench/sound_methods.json")
     FAILED_MESSAGE = "\n".join(f"  methods/{m}: {why}" for m, why in FAILED.items())
     if FAILED:
         print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)

@@ -494,27 +494,60 @@ def paper_entries(path: str | Path) -> list[dict]:
     return entries
 
 
-def method_problems(methods_dir: str | Path, names: list[str] | None = None) -> dict[str, str]:
+def method_problems(
+    methods_dir: str | Path, names: list[str] | None = None, checked: str | Path | None = None
+) -> dict[str, str]:
     """{method: what is wrong} for method folders that cannot run, checked before any training.
 
     Looks at every folder under methods/ (or just ``names``): a missing method.py, a config.yaml
     that does not parse, a paper.yaml with missing fields, and a method.py that fails to import, has no
     Method subclass or lacks a required hook.
+
+    ``checked``: a JSON file of the folders found sound before, each by the digest of what the check
+    reads (the folder's files, every project module they import, its paper.yaml). A folder whose
+    digest is there is not imported again, so that planning an unchanged DAG needs no torch; any edit
+    changes the digest and the folder is checked again. Only sound folders are remembered.
     """
-    from .plugins import PluginError, load_method_class  # imports torch: only when checking
+    from . import atomic
+    from .provenance import code_digest, code_record, sha256_file
+
+    def digest_of(folder: Path) -> str | None:
+        if not (folder / "method.py").is_file():
+            return None
+        paper = folder / "paper.yaml"
+        read = code_record("pretrain", folder) | (
+            {"paper.yaml": sha256_file(paper)} if paper.is_file() else {}
+        )
+        return code_digest(read)
 
     root = Path(methods_dir)
+    path = Path(checked) if checked is not None else None
+    try:
+        sound = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except ValueError:  # a damaged file: check everything again and rewrite it
+        sound = {}
+    remembered = dict(sound)
     problems = {}
     for name in names if names is not None else list_method_folders(root):
         folder = root / name
+        digest = digest_of(folder)
+        if digest is not None and sound.get(name) == digest:
+            continue
+        remembered.pop(name, None)
+        from .plugins import PluginError, load_method_class  # imports torch: only when checking
+
         try:
             if (folder / "config.yaml").exists():
                 load_yaml(folder / "config.yaml")
             if (folder / "paper.yaml").exists():
                 paper_entries(folder / "paper.yaml")
             load_method_class(folder)
+            remembered[name] = digest
         except (ConfigError, PluginError) as err:
             problems[name] = str(err)
+    if path is not None and remembered != sound:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, json.dumps(remembered, indent=1, sort_keys=True))
     return problems
 
 

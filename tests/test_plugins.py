@@ -1,5 +1,5 @@
 import pytest
-from conftest import METHODS_DIR
+from conftest import METHODS_DIR, REPO
 
 from sslbench.method import Method
 from sslbench.plugins import PluginError, load_method_class
@@ -63,3 +63,48 @@ def test_every_repository_method_folder_is_sound():
     from sslbench.config import method_problems
 
     assert method_problems(METHODS_DIR) == {}
+
+
+CHECK_TWICE = """
+import json, sys
+from sslbench.config import method_problems
+problems = method_problems(sys.argv[1], checked=sys.argv[2])
+print(json.dumps({"problems": problems, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_a_sound_folder_is_imported_once_until_its_code_or_paper_changes(tmp_path):
+    """Planning an unchanged DAG imports no method (and so no torch); an edit brings the check back."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    methods = tmp_path / "methods"
+    shutil.copytree(METHODS_DIR / "moco", methods / "moco", ignore=shutil.ignore_patterns("__pycache__"))
+    checked = tmp_path / ".snakemake" / "sound.json"
+
+    def check() -> dict:
+        out = subprocess.run(
+            [sys.executable, "-c", CHECK_TWICE, str(methods), str(checked)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        )
+        return json.loads(out.stdout)
+
+    assert check() == {"problems": {}, "torch": True}  # checked: the method imported
+    assert check() == {"problems": {}, "torch": False}  # remembered: nothing imported
+    (methods / "moco" / "paper.yaml").write_text("results:\n  - {value: 0.6}\n")
+    again = check()
+    assert again["torch"] and "paper.yaml: results[0] lacks" in again["problems"]["moco"]
+    assert json.loads(checked.read_text()) == {}  # a broken folder is never remembered
+    shutil.copy(METHODS_DIR / "moco" / "paper.yaml", methods / "moco" / "paper.yaml")
+    with open(methods / "moco" / "method.py", "a") as f:
+        f.write("raise RuntimeError('an edit that breaks the import')\n")
+    broken = check()
+    assert broken["torch"] and "an edit that breaks the import" in broken["problems"]["moco"]
+    checked.write_text("{not json")
+    (methods / "moco" / "method.py").write_text((METHODS_DIR / "moco" / "method.py").read_text())
+    assert check() == {"problems": {}, "torch": True}  # a damaged file: everything checked again
