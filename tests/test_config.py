@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import METHODS_DIR, REPO, tiny_suite_config
+from conftest import METHODS_DIR, REPO, preset_config, tiny_suite_config
 
 from sslbench.config import (
     ConfigError,
@@ -225,3 +225,71 @@ def test_an_absent_optional_target_is_skipped_saying_how_to_install_it(tmp_path,
         ConfigError, match=r"`datasets.fashion_mnist`: fashion_mnist: dataset files not found"
     ):
         preflight(cfg, plan)
+
+
+# The official base lr of each new method's recipe, scaled by batch / 256 (SwAV's is absolute); the CIFAR
+# presets run BYOL's Imagenette setting and SimSiam's CIFAR-10 appendix setting.
+LR_BASE = {"byol": 0.2, "simsiam": 0.05, "mocov3": 0.6, "barlowtwins": 0.2, "vicreg": 0.2, "dino": 0.03}
+CIFAR_LR_BASE = {"byol": 2.0, "simsiam": 0.03}
+CLASSES = {
+    "cifar10": 10,
+    "cifar100": 100,
+    "stl10": 10,
+    "fashion_mnist": 10,
+    "imagenet100": 100,
+    "imagenet": 1000,
+}
+
+
+@pytest.mark.parametrize("preset", sorted(CLASSES))
+def test_gpu_presets_undo_the_defaults_cpu_deviations_of_the_new_methods(preset):
+    """Every GPU preset runs the official widths, optimisers, temperatures and crops, not the default's."""
+    config = preset_config(preset)
+
+    def run(method):
+        return resolve_method_config(config, METHODS_DIR, method)
+
+    for method, base in LR_BASE.items():
+        train = run(method)["train"]
+        base = CIFAR_LR_BASE.get(method, base) if preset.startswith("cifar") else base
+        assert train["lr"] == pytest.approx(base * train["batch_size"] / 256), method
+    for method in ("byol", "mocov3", "barlowtwins", "vicreg", "swav"):
+        train = run(method)["train"]
+        assert (train["optimizer"], train["lars_trust_coefficient"]) == ("lars", 1.0e-3), method
+    assert (
+        run("byol")["params"].items()
+        >= {"proj_hidden_dim": 4096, "pred_hidden_dim": 4096, "target_init": "own"}.items()
+    )
+    assert run("simsiam")["params"]["dim"] == 2048 and run("simsiam")["params"]["pred_dim"] == 512
+    assert run("mocov3")["params"]["mlp_dim"] == 4096
+    assert run("barlowtwins")["params"]["projector"] == [8192] * 3
+    assert run("vicreg")["params"]["expander"] == [8192] * 3
+    swav = run("swav")
+    assert swav["params"].items() >= {"num_prototypes": 3000, "epsilon": 0.05, "hidden_dim": 2048}.items()
+    assert (swav["train"]["lr"], swav["train"]["batch_size"], swav["train"]["weight_decay"]) == (
+        0.6,
+        256,
+        1e-6,
+    )
+    assert [(c["count"], c["size"], c["crop_scale"]) for c in swav["augment"]["crops"]] == [
+        (2, 1.0, [0.14, 1.0]),
+        (6, 0.43, [0.05, 0.14]),
+    ]
+    dino = run("dino")
+    assert dino["params"].items() >= {"out_dim": 65536, "hidden_dim": 2048, "bottleneck_dim": 256}.items()
+    assert (dino["params"]["use_bn_in_head"], dino["params"]["momentum"]) == (False, 0.996)
+    assert [(c["count"], c["crop_scale"]) for c in dino["augment"]["crops"]] == [
+        (1, [0.14, 1.0]),
+        (1, [0.14, 1.0]),
+        (8, [0.05, 0.14]),
+    ]
+    deepcluster = run("deepcluster")["params"]
+    assert (deepcluster["pca_dim"], deepcluster["num_clusters"]) == (256, 10 * CLASSES[preset])
+    instdisc = run("instdisc")
+    epochs = instdisc["train"]["epochs"]
+    assert instdisc["train"]["milestones"] == [round(0.6 * epochs), round(0.8 * epochs)]
+    if preset.startswith("imagenet"):  # main.py: NCE with 4096 noise rows
+        assert (instdisc["params"]["num_negatives"], instdisc["params"]["temperature"]) == (4096, 0.07)
+    if preset.startswith("cifar"):  # cifar.py: the softmax over every row, T 0.1, wd 5e-4, batch 128
+        assert (instdisc["params"]["num_negatives"], instdisc["params"]["temperature"]) == (0, 0.1)
+        assert (instdisc["train"]["weight_decay"], instdisc["train"]["batch_size"]) == (5e-4, 128)

@@ -8,9 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO
+from conftest import METHODS_DIR, REPO, preset_config
 
-from sslbench.config import ConfigError
+from evaluation.knn import variant_name
+from sslbench.config import ConfigError, protocol_settings
 from sslbench.stats import (
     HEADLINE,
     TableError,
@@ -21,6 +22,7 @@ from sslbench.stats import (
     headline_table,
     matrix_metrics,
     paired_comparison,
+    read_paper_results,
     reproduced_vs_reported,
     stale_methods,
     summarise,
@@ -401,3 +403,19 @@ def test_paper_yaml_of_a_method_without_results_is_not_read(dirs):
     (methods / "broken" / "paper.yaml").write_text(yaml.safe_dump({"results": [{"value": 1}]}))
     table = long_table({"moco": [0.7]}, protocol="linear", metric="top1").assign(method_base="moco")
     assert set(reproduced_vs_reported(table, methods, config)["method"]) == {"moco"}
+
+
+def test_every_paper_yaml_knn_row_names_a_metric_some_preset_computes():
+    """A reported kNN number stands beside ours only under the knn protocol's own metric name, which
+    carries k and T (top1_k200_t0.1): a bare `top1` would never meet a row of ours."""
+    names = [p.stem for p in (REPO / "config").glob("*.yaml") if p.stem != "schema"]
+    written = {
+        f"{top}_{variant_name(v['k'], v['temperature'])}"
+        for name in names
+        for v in protocol_settings(preset_config(name), "knn")["variants"]
+        for top in ("top1", "top5")
+    }
+    paper = read_paper_results(METHODS_DIR)
+    knn = paper[paper["protocol"] == "knn"]
+    assert {"moco", "dino", "instdisc"} <= set(knn["method"])
+    assert set(knn["metric"]) <= written, knn[~knn["metric"].isin(written)][["method", "metric"]]
