@@ -222,6 +222,20 @@ def bench_split_bn(bench: Bench) -> list[dict]:
     return [r for s in splits for r in (split_bn_step_row(bench, s), split_bn_layers_row(bench, s))]
 
 
+def split_bn_row(name: str, pairs: list[tuple[float, float]], ratio_is: str, **keys) -> dict:
+    """A split_bn row from interleaved (split, plain) seconds: the medians and the median ratio."""
+    return row(
+        "split_bn",
+        name,
+        median(a for a, _ in pairs),
+        "s/step",
+        reference=median(b for _, b in pairs),
+        ratio=median(a / b for a, b in pairs),
+        ratio_is=ratio_is,
+        **keys,
+    )
+
+
 def split_bn_step_row(bench: Bench, splits: int) -> dict:
     split, plain = (build_trainer("moco", bench, bn_splits=s) for s in (splits, 1))
     for trainer in (split, plain):
@@ -238,14 +252,10 @@ def split_bn_step_row(bench: Bench, splits: int) -> dict:
         return round_seconds
 
     pairs = interleaved(run(split), run(plain), bench.repeats.warmup, bench.repeats.steps)
-    return row(
-        "split_bn",
+    return split_bn_row(
         f"moco step, bn_splits {splits}",
-        median(a for a, _ in pairs),
-        "s/step",
-        reference=median(b for _, b in pairs),
-        ratio=median(a / b for a, b in pairs),
-        ratio_is="step with split BN / step with bn_splits 1",
+        pairs,
+        "step with split BN / step with bn_splits 1",
         target=SPLIT_BN_TARGET,
         notes=(
             f"views excluded; ratio: median over {len(pairs)} interleaved rounds of each round's ratio; "
@@ -301,14 +311,10 @@ def split_bn_layers_row(bench: Bench, splits: int) -> dict:
         return round_seconds
 
     pairs = interleaved(run(layers(True)), run(layers(False)), bench.repeats.warmup, bench.repeats.steps)
-    return row(
-        "split_bn",
+    return split_bn_row(
         f"BatchNorm2d layers, {splits} splits",
-        median(a for a, _ in pairs),
-        "s/step",
-        reference=median(b for _, b in pairs),
-        ratio=median(a / b for a, b in pairs),
-        ratio_is="SplitBatchNorm2d / BatchNorm2d",
+        pairs,
+        "SplitBatchNorm2d / BatchNorm2d",
         notes=(
             f"the backbone's {len(shapes)} BatchNorm2d layers at the step's shapes (batch "
             f"{trainer.batch_size}), in-place ReLU on each output: forward + backward, then a forward "
