@@ -675,6 +675,9 @@ def test_policy_views_are_reproducible_per_seed_and_leave_the_global_rng_alone(p
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
+    # the seed reaches the policy itself, not just the crops
+    uncropped = policy_augment(policy)
+    assert not torch.equal(uncropped(images, seeded(1)), uncropped(images, seeded(2)))
 
 
 @pytest.mark.parametrize("policy", ["randaugment", "autoaugment"])
@@ -686,6 +689,15 @@ def test_policy_views_keep_dtype_range_and_normalisation(policy, channels):
     assert raw.min() >= 0 and raw.max() <= 1 and raw.max() > 0.5
     levels = raw * 255
     torch.testing.assert_close(levels, levels.round(), atol=1e-4, rtol=0)  # uint8 levels, as the policy sees
+    # The policy's seeds are drawn after every other parameter, so a seed's crops are those of the simclr
+    # policy (here without colour steps), rounded to uint8 levels: RandAugment's identity op shows them.
+    crops = ViewAugment(16, channels, *unit_stats(channels), view_config("supervised"))(images, seeded(4))
+    one_op = view_config("supervised", policy=policy, policy_ops=1)
+    views = ViewAugment(16, channels, *unit_stats(channels), one_op)(images, seeded(4))
+    levels = crops * 255
+    unchanged = (views == levels.round() / 255).flatten(1).all(1)
+    between_levels = ((levels - levels.round()).abs() > 0.01).flatten(1).any(1)  # where rounding matters
+    assert policy == "autoaugment" or (unchanged & between_levels).any()
     mean, std = [0.3] * channels, [0.2] * channels
     normalised_view = policy_augment(policy, channels, preset="supcon", stats=(mean, std))(images, seeded(3))
     torch.testing.assert_close(normalised_view, (raw - 0.3) / 0.2)
