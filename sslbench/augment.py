@@ -53,11 +53,11 @@ one set of ops per call, for a whole batched tensor, from torch's global RNG; he
 own draw: one call per image, each under its own seed drawn from the view generator (after every
 other parameter of the view, and only for these policies, so the crops of a seed are the crops of
 every policy), inside ``torch.random.fork_rng`` so that the global CPU RNG is left as it was. The
-per-image calls cost 0.2 ms per 16-px image on an idle CPU core (torchvision's Python dispatch, not
-the arithmetic: ~16 s over a 30-epoch SupCon run of two views on the default's 1,347 images), and
-~3 ms on a loaded one: on the default, SupCon with ``randaugment`` trained in 508 s against 203 s
-with its simclr views, side by side on 2 shared cores. On a GPU they are one small launch per op and
-image (not measured).
+per-image calls are torchvision's Python dispatch, not arithmetic, and dominate a CPU run at 16 px: a
+30-epoch SupCon run on the default (2 x 1,347 calls per epoch) trained in 209 s with ``randaugment`` and
+319 s with ``autoaugment`` against 34 s with its simclr views (seed 1 of config/ablation_supcon_ce.yaml,
+on a shared 2-core CPU; seed 0 under heavier load: 508 / 459 s against 268 s). 0.2-3 ms per call,
+depending on the load. On a GPU they are one small launch per op and image (not measured).
 
 The official recipes flip last (MoCo, self-label); flipping commutes with the
 colour steps and the symmetric blur, so flipping with the crop draws the same
