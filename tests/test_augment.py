@@ -135,6 +135,8 @@ def test_view_config_presets_and_overrides():
         (lambda: view_config("mocov2", flip_p=1.5), "flip_p"),
         (lambda: view_config("mocov2", crop_scale=(0.5, 0.2)), "crop_scale"),
         (lambda: view_config("mocov2", hue=0.7), "hue"),
+        (lambda: view_config("supcon", policy="randaug"), "policy"),
+        (lambda: view_config("supcon", policy="randaugment", policy_ops=0), "policy_ops"),
     ],
 )
 def test_view_config_errors_name_the_culprit(call, needle):
@@ -643,3 +645,59 @@ def test_the_views_must_fit_the_method():
         augment.check_view_groups(local_first, 2, multi_crop=True, image_size=16)
     with pytest.raises(ConfigError, match=r"gives 1 view\(s\)"):
         augment.check_view_groups(augment.view_groups([{}], 16, 2), 2, multi_crop=True, image_size=16)
+
+
+# ----------------------------------------------------------------------------- augmentation policies
+
+
+def policy_augment(policy, channels=3, size=16, preset="none", stats=None):
+    return ViewAugment(size, channels, *(stats or unit_stats(channels)), view_config(preset, policy=policy))
+
+
+@pytest.mark.parametrize("policy", ["randaugment", "autoaugment"])
+def test_each_image_of_a_batch_gets_its_own_policy_draw(policy):
+    # 64 copies of one image, no crop: torchvision's one draw per call would make them all equal.
+    batch = random_images(1, 3, 16, seed=5).expand(64, -1, -1, -1).contiguous()
+    out = policy_augment(policy)(batch, seeded(0)).flatten(1)
+    distinct = torch.unique(out, dim=0).shape[0]
+    assert distinct >= 16, f"{policy}: only {distinct} distinct outputs of 64"
+    # an image's view depends on its own draw only, not on the other images of the batch
+    other = torch.cat([batch[:1], random_images(63, 3, 16, seed=6)])
+    assert torch.equal(policy_augment(policy)(other, seeded(0))[0], out[0].view(3, 16, 16))
+
+
+@pytest.mark.parametrize("policy", ["randaugment", "autoaugment"])
+def test_policy_views_are_reproducible_per_seed_and_leave_the_global_rng_alone(policy):
+    images = random_images(32, 3, 16)
+    aug = policy_augment(policy, preset="supcon")
+    state = torch.get_rng_state()
+    first, again, other = aug(images, seeded(1)), aug(images, seeded(1)), aug(images, seeded(2))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+    # the seed reaches the policy itself, not just the crops
+    uncropped = policy_augment(policy)
+    assert not torch.equal(uncropped(images, seeded(1)), uncropped(images, seeded(2)))
+
+
+@pytest.mark.parametrize("policy", ["randaugment", "autoaugment"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_policy_views_keep_dtype_range_and_normalisation(policy, channels):
+    images = random_images(32, channels, 16)
+    raw = policy_augment(policy, channels, preset="supcon")(images, seeded(3))
+    assert raw.dtype == torch.float32 and raw.shape == (32, channels, 16, 16)
+    assert raw.min() >= 0 and raw.max() <= 1 and raw.max() > 0.5
+    levels = raw * 255
+    torch.testing.assert_close(levels, levels.round(), atol=1e-4, rtol=0)  # uint8 levels, as the policy sees
+    # The policy's seeds are drawn after every other parameter, so a seed's crops are those of the simclr
+    # policy (here without colour steps), rounded to uint8 levels: RandAugment's identity op shows them.
+    crops = ViewAugment(16, channels, *unit_stats(channels), view_config("supervised"))(images, seeded(4))
+    one_op = view_config("supervised", policy=policy, policy_ops=1)
+    views = ViewAugment(16, channels, *unit_stats(channels), one_op)(images, seeded(4))
+    levels = crops * 255
+    unchanged = (views == levels.round() / 255).flatten(1).all(1)
+    between_levels = ((levels - levels.round()).abs() > 0.01).flatten(1).any(1)  # where rounding matters
+    assert policy == "autoaugment" or (unchanged & between_levels).any()
+    mean, std = [0.3] * channels, [0.2] * channels
+    normalised_view = policy_augment(policy, channels, preset="supcon", stats=(mean, std))(images, seeded(3))
+    torch.testing.assert_close(normalised_view, (raw - 0.3) / 0.2)

@@ -293,3 +293,32 @@ def test_gpu_presets_undo_the_defaults_cpu_deviations_of_the_new_methods(preset)
     if preset.startswith("cifar"):  # cifar.py: the softmax over every row, T 0.1, wd 5e-4, batch 128
         assert (instdisc["params"]["num_negatives"], instdisc["params"]["temperature"]) == (0, 0.1)
         assert (instdisc["train"]["weight_decay"], instdisc["train"]["batch_size"]) == (5e-4, 128)
+
+
+# The runs each ablation preset's header promises (a sweep value equal to the base's is the base run).
+ABLATION_RUNS = {
+    "ablation_moco": 7,
+    "ablation_pcl_phi": 2,
+    "ablation_sela": 4,
+    "ablation_supcon_ce": 13,
+    "ablation_moco_imagenet": 9,
+    "ablation_pcl_phi_imagenet": 2,
+    "ablation_sela_imagenet": 6,
+    "ablation_supcon_ce_imagenet": 13,  # SupCon's lr 0.03 is the imagenet preset's: its base run
+}
+
+
+@pytest.mark.parametrize("name", sorted(ABLATION_RUNS))
+def test_every_ablation_preset_plans_the_runs_its_header_says(name):
+    presets = [REPO / "config" / "imagenet.yaml"] if name.endswith("_imagenet") else []
+    cfg = load_config(REPO / "config", [*presets, REPO / "config" / f"{name}.yaml"])
+    runs = resolve_runs(cfg, METHODS_DIR, cfg["methods"])
+    assert len(runs) == ABLATION_RUNS[name]
+    settings = {
+        json.dumps({k: v for k, v in r.items() if k != "method"}, sort_keys=True) for r in runs.values()
+    }
+    assert len(settings) == len(runs)  # every run trains something different
+
+
+def test_every_ablation_preset_is_listed():
+    assert {p.stem for p in (REPO / "config").glob("ablation_*.yaml")} == set(ABLATION_RUNS)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR, REPO, preset_config
 
-from sslbench.config import resolve_method_config
+from sslbench.config import load_yaml, resolve_method_config
 from sslbench.data import load_data
 from sslbench.engine import Trainer, build_method
 from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce
@@ -96,6 +96,20 @@ def test_e_step_gives_unit_prototypes_concentrations_of_mean_t_and_assigns_every
     assert (nearest == method.assignments[0]).float().mean() > 0.9
 
 
+def test_fixed_concentration_sets_every_phi_and_keeps_the_clustering(tmp_path, method_config):
+    """The paper's ablation: phi fixed for every prototype; the E-step's clusters are the estimated run's."""
+    estimated = trainer(tmp_path / "estimated", method_config, warmup_epochs=0, num_clusters=[10, 25])
+    fixed = trainer(
+        tmp_path / "fixed", method_config, warmup_epochs=0, num_clusters=[10, 25], fixed_concentration=0.3
+    )
+    e_step(estimated), e_step(fixed)
+    for m, k in enumerate([10, 25]):
+        torch.testing.assert_close(fixed.method.phi(m), torch.full((k,), 0.3))
+        assert estimated.method.phi(m).std() > 0  # the estimate differs per cluster
+        assert torch.equal(fixed.method.assignments[m], estimated.method.assignments[m])
+        torch.testing.assert_close(fixed.method.prototype(m), estimated.method.prototype(m))
+
+
 def test_protonce_with_r_negatives_contrasts_the_batch_positives_and_the_drawn_negatives(
     tmp_path, method_config
 ):
@@ -140,6 +154,9 @@ def test_infeasible_settings_are_rejected(method_config):
         build(num_clusters=[])
     with pytest.raises(ValueError, match="proto_logits"):
         build(proto_logits="eq10")
+    for phi in (0, -0.1, "0.1", True):
+        with pytest.raises(ValueError, match="fixed_concentration"):
+            build(fixed_concentration=phi)
 
 
 def test_clustering_state_has_fixed_shapes_and_reloads(tmp_path, method_config):
@@ -165,7 +182,12 @@ def test_training_lowers_the_loss_after_the_first_e_step(tmp_path, method_config
     assert losses[3] < losses[2] - 0.2 and losses[2] < losses[1] - 0.5
 
 
-PRESETS = sorted(p.stem for p in (REPO / "config").glob("*.yaml") if p.stem != "schema")
+def runs_pcl(path) -> bool:
+    methods = load_yaml(path).get("methods", "all")  # a preset without `methods` keeps the default's all
+    return methods == "all" or "pcl" in methods
+
+
+PRESETS = sorted(p.stem for p in (REPO / "config").glob("*.yaml") if p.stem != "schema" and runs_pcl(p))
 
 
 @pytest.mark.parametrize("preset", PRESETS)

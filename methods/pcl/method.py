@@ -7,7 +7,7 @@ MoCo (v2 by default) plus prototypes found by k-means on momentum features (an E
             v = normalize(f_k(x)) for every training image (evaluation transform)
             for each granularity m with k_m clusters:
                 C_m, assignments_m = kmeans(v, k_m)
-                phi_m = concentration(v, C_m, assignments_m, T, alpha)   # mean phi = T
+                phi_m = concentration(v, C_m, assignments_m, T, alpha)   # mean T; or fixed_concentration
                 prototypes_m = normalize(C_m)
         for x in loader:                                  # M-step
             q, k = normalize(f_q(aug(x))), normalize(f_k(aug(x)))
@@ -48,6 +48,7 @@ class PCL(Method):
         )
         self.proto_logits = check_proto_logits(p["proto_logits"])
         self.alpha = float(p["alpha"])
+        self.fixed_concentration = check_fixed_concentration(p["fixed_concentration"])
         self.kmeans_settings = dict(p["kmeans"])
         dim = int(p["dim"])
         for m, k in enumerate(self.num_clusters):
@@ -71,7 +72,12 @@ class PCL(Method):
         """Cluster the momentum features at every granularity (main_pcl.py run_kmeans)."""
         for m, k in enumerate(self.num_clusters):
             found = kmeans(features, k, seed=m, **self.kmeans_settings)
-            phi = concentration(features, found.centroids, found.assignments, self.temperature, self.alpha)
+            if self.fixed_concentration is None:
+                phi = concentration(
+                    features, found.centroids, found.assignments, self.temperature, self.alpha
+                )
+            else:  # the paper's ablation: one phi for every prototype
+                phi = torch.full((k,), self.fixed_concentration, device=features.device)
             self.prototype(m).copy_(F.normalize(found.centroids, dim=1))
             self.phi(m).copy_(phi)
             self.assignments[m].copy_(found.assignments)
@@ -172,6 +178,17 @@ def check_num_negatives(r, num_clusters: list[int], batch_size: int) -> int | No
             "or set it to null to contrast with every prototype that is no image's positive"
         )
     return r
+
+
+def check_fixed_concentration(phi) -> float | None:
+    if phi is None:
+        return None
+    if isinstance(phi, bool) or not isinstance(phi, (int, float)) or not phi > 0:
+        raise ConfigError(
+            f"config key `fixed_concentration` = {phi!r}: a positive number (every prototype's phi), "
+            "or null to estimate phi per cluster as main_pcl.py does"
+        )
+    return float(phi)
 
 
 def check_proto_logits(form) -> str:
