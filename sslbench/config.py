@@ -511,14 +511,15 @@ def method_problems(
     from . import atomic
     from .provenance import code_digest, code_record, sha256_file
 
-    def digest_of(folder: Path) -> str | None:
+    def digest_of(folder: Path) -> str | None:  # None: nothing to remember, check the folder
         if not (folder / "method.py").is_file():
             return None
+        try:
+            read = code_record("pretrain", folder)
+        except SyntaxError:  # the plugin loader names it
+            return None
         paper = folder / "paper.yaml"
-        read = code_record("pretrain", folder) | (
-            {"paper.yaml": sha256_file(paper)} if paper.is_file() else {}
-        )
-        return code_digest(read)
+        return code_digest(read | ({"paper.yaml": sha256_file(paper)} if paper.is_file() else {}))
 
     root = Path(methods_dir)
     path = Path(checked) if checked is not None else None

@@ -61,7 +61,9 @@ def write_preset(root: Path, name: str, targets: list[str], **keys) -> str:
     cfg["datasets"]["digits6"] = {"name": "digits", "image_size": 6}  # a second (pretraining) dataset
     cfg.update(seeds=[0], protocols=PROTOCOLS, **keys)
     cfg["evaluation"]["targets"] = targets
-    cfg["evaluation"]["lowshot_svm"] = {**cfg["evaluation"]["lowshot_svm"], **LOWSHOT}
+    # every target of `targets` (the default runs the low-shot SVM on the pretraining set only)
+    lowshot = {k: v for k, v in cfg["evaluation"]["lowshot_svm"].items() if k != "targets"}
+    cfg["evaluation"]["lowshot_svm"] = {**lowshot, **LOWSHOT}
     (root / name).write_text(yaml.safe_dump(cfg))
     return name
 

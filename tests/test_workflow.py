@@ -28,6 +28,10 @@ def workflow(tmp_path_factory):
     cfg = tiny_suite_config()
     cfg["seeds"] = [0, 1]
     cfg["methods"] = ["simclr", "random"]
+    # every protocol runs, at the smallest settings that still run each code path (their own tests pin
+    # the settings; here the DAG is what is checked)
+    cfg["evaluation"]["semisup"] |= {"epochs": {"1pct": 4, "10pct": 2}, "lr_grid": [0.01, 0.03]}
+    cfg["evaluation"]["lowshot_svm"] |= {"ks": [1, 4], "num_draws": 2, "cost_grid": [0.1, 1.0, 10.0]}
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     run = snakemake(root, "--cores", "2")  # the default target: the report, via the table
     assert run.returncode == 0, run.stdout + run.stderr
