@@ -61,9 +61,8 @@ def write_preset(root: Path, name: str, targets: list[str], **keys) -> str:
     cfg["datasets"]["digits6"] = {"name": "digits", "image_size": 6}  # a second (pretraining) dataset
     cfg.update(seeds=[0], protocols=PROTOCOLS, **keys)
     cfg["evaluation"]["targets"] = targets
-    # every target of `targets` (the default runs the low-shot SVM on the pretraining set only)
-    lowshot = {k: v for k, v in cfg["evaluation"]["lowshot_svm"].items() if k != "targets"}
-    cfg["evaluation"]["lowshot_svm"] = {**lowshot, **LOWSHOT}
+    # on every target (the default runs the low-shot SVM on the pretraining set only)
+    cfg["evaluation"]["lowshot_svm"] = {**cfg["evaluation"]["lowshot_svm"], **LOWSHOT, "targets": targets}
     (root / name).write_text(yaml.safe_dump(cfg))
     return name
 
