@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -113,11 +114,17 @@ def test_snakemake_stops_at_a_bad_config_before_any_job(tmp_path):
 PRESETS = sorted(p for p in (REPO / "config").glob("*.yaml") if p.name not in ("schema.yaml", "default.yaml"))
 
 
+def preset_files(stem: str) -> list[Path]:
+    """The files a preset is run with: an ImageNet ablation over config/imagenet.yaml, as its header says."""
+    over = ["imagenet"] if stem.startswith("ablation_") and stem.endswith("_imagenet") else []
+    return [REPO / "config" / f"{name}.yaml" for name in (*over, stem)]
+
+
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 def test_every_preset_resolves_for_every_method(preset):
     from sslbench.config import resolve_runs, selected_methods
 
-    config = load_config(CONFIG_DIR, [preset])
+    config = load_config(CONFIG_DIR, preset_files(preset.stem))
     runs = resolve_runs(config, REPO / "methods", selected_methods(config, REPO / "methods"))
     assert runs
     for resolved in runs.values():
@@ -137,7 +144,7 @@ def test_snakemake_plans_every_preset(tmp_path, preset):
             "--cores",
             "1",
             "--configfile",
-            str(REPO / "config" / f"{preset}.yaml"),
+            *map(str, preset_files(preset)),
         ],
         cwd=tmp_path,
         capture_output=True,
