@@ -9,7 +9,7 @@ from pathlib import Path
 from snakemake.utils import min_version
 
 from sslbench.config import (FEATURES_FILE, RESULT_FILE, RUN_DIR, ConfigError, code_param, load_config,
-                             method_problems, plan_runs, preflight, protocol_settings, selected_methods)
+                             maps_argument, method_problems, plan_runs, preflight, protocol_settings, selected_methods)
 from sslbench.errors import expected_errors
 from sslbench.provenance import code_digest, tree_record
 
@@ -187,6 +187,7 @@ rule evaluate:
         RESULT_FILE,
     params:
         settings=settings_of,
+        maps=lambda wc: maps_argument(wc.protocol, wc.seed, SEEDS),  # t-SNE maps for the seed the report draws
         code=code("evaluate"),
     threads: job("evaluate")[0]
     resources:
@@ -198,7 +199,7 @@ rule evaluate:
     shell:
         "sslbench evaluate --protocol {wildcards.protocol} --features {input.features:q} "
         "--checkpoint {input.checkpoint:q} --settings-json {params.settings:q} --seed {wildcards.seed} "
-        "--out {output:q} --threads {threads} > {log:q} 2>&1"
+        "--out {output:q} --threads {threads} {params.maps} > {log:q} 2>&1"
 
 
 rule collect:

@@ -7,8 +7,10 @@ metrics are the mean over runs. "ami", "nmi", "ari" use k = number of classes; "
 over-clusters with k = m x classes (capped at the number of test samples).
 
 Beside its result JSON (``side_file``: eval/clustering.npz) the protocol writes what the report
-draws: the k = classes cluster id of every test point in each restart, and a t-SNE map of a fixed
-subset of at most TSNE_POINTS test points (the same subset for every run of a dataset).
+draws: the k = classes cluster id of every test point in each restart and, for the runs whose maps the
+report draws (``maps``: the first seed; the Snakefile passes --maps), a t-SNE map of a fixed subset of
+at most TSNE_POINTS test points (the same subset for every run of a dataset). The map is not a metric:
+computing it for every seed would cost most of the protocol's time for figures nobody draws.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ DEFAULTS: dict = {
 }
 
 
-def evaluate(features: dict, settings: dict, seed: int, side_file=None) -> tuple[dict[str, float], dict]:
+def evaluate(
+    features: dict, settings: dict, seed: int, side_file=None, maps: bool = True
+) -> tuple[dict[str, float], dict]:
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if int(used["restarts"]) < 1 or int(used["niter"]) < 1 or int(used["nredo"]) < 1:
         raise ProtocolError("clustering: restarts, niter and nredo must all be >= 1")
@@ -77,33 +81,38 @@ def evaluate(features: dict, settings: dict, seed: int, side_file=None) -> tuple
     metrics = check_metrics(metrics, PROTOCOL)
     if side_file is not None:
         how = {k: used[k] for k in ("restarts", "nredo", "niter", "spherical")}
-        write_side_file(side_file, data, np.stack(assignments), {**how, "k": used["k"]["ami"], "seed": seed})
+        kmeans_settings = {**how, "k": used["k"]["ami"], "seed": seed}
+        write_side_file(side_file, data, np.stack(assignments), kmeans_settings, maps)
     return metrics, used
 
 
-def write_side_file(path, data: dict, assignments: np.ndarray, kmeans_settings: dict) -> None:
-    """The k = classes cluster ids [restarts, test points] and a t-SNE map of a fixed test subset."""
-    from sklearn.manifold import TSNE
-
+def write_side_file(path, data: dict, assignments: np.ndarray, kmeans_settings: dict, maps: bool) -> None:
+    """The k = classes cluster ids [restarts, test points] and, with ``maps``, a t-SNE map of a fixed
+    test subset."""
     from sslbench.featurefile import save_features
 
-    test = data["test"]
+    arrays = {"assignments": assignments.astype(np.int64), "num_classes": data["num_classes"]}
+    meta = {"kmeans": {**kmeans_settings, "points": "every test point (no subsampling)"}, "tsne": None}
+    if maps:
+        tsne, arrays["tsne"], arrays["tsne_index"] = tsne_map(data["test"])
+        arrays["tsne_labels"] = data["test_labels"][arrays["tsne_index"]]
+        meta["tsne"] = tsne
+    save_features(path, {**arrays, "meta": meta})
+
+
+def tsne_map(test: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray]:
+    """(settings, 2-d map, indices) of a t-SNE of the L2-normalised features of a fixed test subset."""
+    from sklearn.manifold import TSNE
+
     # the same subset for every method of a dataset (same test set, fixed seed): the maps show the same images
     pick = np.sort(
         np.random.default_rng(0).choice(len(test), size=min(len(test), TSNE_POINTS), replace=False)
     )
     perplexity = min(30.0, (len(pick) - 1) / 3)
-    # exact gradients are cheap at <= 500 points; 500 iterations settle the map (sklearn's minimum is 250)
+    # Barnes-Hut (sklearn's default, angle 0.5) approximates the exact gradients; at 500 points it takes
+    # 2/5 of their time; 500 iterations settle the map (sklearn's minimum is 250)
     tsne = dict(
-        n_components=2, perplexity=perplexity, init="pca", method="exact", max_iter=500, random_state=0
+        n_components=2, perplexity=perplexity, init="pca", method="barnes_hut", max_iter=500, random_state=0
     )
     xy = TSNE(**tsne).fit_transform(l2_normalize(test[pick]).astype(np.float64))
-    arrays = {
-        "assignments": assignments.astype(np.int64),
-        "tsne": xy.astype(np.float32),
-        "tsne_index": pick.astype(np.int64),
-        "tsne_labels": data["test_labels"][pick],
-        "num_classes": data["num_classes"],
-    }
-    meta = {"kmeans": {**kmeans_settings, "points": "every test point (no subsampling)"}, "tsne": tsne}
-    save_features(path, {**arrays, "meta": meta})
+    return tsne, xy.astype(np.float32), pick.astype(np.int64)

@@ -65,6 +65,7 @@ def cmd_evaluate(args) -> None:
         args.seed,
         args.out,
         checkpoint_path=args.checkpoint,
+        maps=args.maps,
     )
 
 
@@ -163,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--no-maps",
+        dest="maps",
+        action="store_false",
+        help="leave out what only the report's figures use (clustering's t-SNE): seeds it does not draw",
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("collect", help="result JSONs -> long-format table.csv")

@@ -34,6 +34,9 @@ METHOD_BACKBONE_KEYS = ("input_filter",)
 # The protocols whose code takes multi-label targets ([N, classes] in the VOC devkit's codes);
 # tests/test_transfer.py checks this against what each protocol does with such features.
 MULTILABEL_PROTOCOLS = ("lowshot_svm",)
+# Protocols whose side file also holds maps that only the report's figures use (clustering's t-SNE),
+# which it draws for each run's first seed: the other seeds skip them (see maps_argument).
+MAP_PROTOCOLS = ("clustering",)
 
 
 def load_config(
@@ -196,6 +199,11 @@ def protocol_settings(config: dict, protocol: str) -> dict:
     """A protocol's settings as the protocol takes them (`targets` is the DAG's, not the protocol's)."""
     section = config["evaluation"].get(protocol, {}) or {}
     return {k: copy.deepcopy(v) for k, v in section.items() if k != "targets"}
+
+
+def maps_argument(protocol: str, seed: int | str, seeds: list[int]) -> str:
+    """`sslbench evaluate`'s ``--no-maps`` where the report will not draw the job's maps."""
+    return "--no-maps" if protocol in MAP_PROTOCOLS and int(seed) != min(seeds) else ""
 
 
 # --------------------------------------------------------------------------- method variants

@@ -71,9 +71,11 @@ def run_protocol(
     seed: int,
     out_path: str | Path,
     checkpoint_path: str | Path | None = None,
+    maps: bool = True,
 ) -> Path:
     """Run one protocol on cached features and write its result JSON atomically (a protocol with
-    WRITES_SIDE_FILE writes its side file first, beside it)."""
+    WRITES_SIDE_FILE writes its side file first, beside it; ``maps``: with what only the report's
+    figures need, which it draws for a run's first seed)."""
     module = protocol_module(protocol)
     from .featurefile import load_features
 
@@ -83,6 +85,7 @@ def run_protocol(
         extra["checkpoint_path"] = checkpoint_path
     if getattr(module, "WRITES_SIDE_FILE", False):
         extra["side_file"] = side_file(out_path)
+        extra["maps"] = maps
     if getattr(module, "NEEDS_RESULT_DIR", False):
         extra["result_dir"] = Path(out_path).parent
     start = time.perf_counter()

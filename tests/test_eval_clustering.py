@@ -102,7 +102,7 @@ def test_settings_errors():
 
 
 def test_side_file_holds_the_assignments_it_scored_and_a_tsne_of_a_fixed_subset(tmp_path, monkeypatch):
-    monkeypatch.setattr(clustering, "TSNE_POINTS", 100)  # the cap, lowered: exact t-SNE of 500 takes seconds
+    monkeypatch.setattr(clustering, "TSNE_POINTS", 100)  # the cap, lowered: t-SNE of 500 takes seconds
     x, labels = one_hot(6, num_classes=4, n=90, noise=0.5)
     features = feature_dict(x, labels, 4)
     metrics, used = clustering.evaluate(features, {"restarts": 3}, seed=2, side_file=tmp_path / "c.npz")
@@ -123,3 +123,31 @@ def test_side_file_holds_the_assignments_it_scored_and_a_tsne_of_a_fixed_subset(
         clustering.evaluate(many, {"restarts": 1, "overcluster": []}, seed=seed, side_file=path)
         subsets.append(load_features(path)["tsne_index"])
     assert len(subsets[0]) == clustering.TSNE_POINTS and np.array_equal(*subsets)
+
+
+def test_without_maps_the_side_file_keeps_its_assignments_and_leaves_out_the_tsne(tmp_path):
+    x, labels = one_hot(6, num_classes=4, n=60, noise=0.5)
+    features = feature_dict(x, labels, 4)
+    with_maps, without = tmp_path / "with.npz", tmp_path / "without.npz"
+    assert clustering.evaluate(features, {"restarts": 2}, seed=1, side_file=with_maps) == clustering.evaluate(
+        features, {"restarts": 2}, seed=1, side_file=without, maps=False
+    )
+    full, lean = load_features(with_maps), load_features(without)
+    assert np.array_equal(full["assignments"], lean["assignments"])
+    assert "tsne" in full and full["meta"]["tsne"]["method"] == "barnes_hut"
+    assert not {"tsne", "tsne_index", "tsne_labels"} & set(lean) and lean["meta"]["tsne"] is None
+
+
+def test_only_the_first_seed_of_a_run_computes_the_maps_the_report_draws():
+    from sslbench.config import MAP_PROTOCOLS, maps_argument
+
+    assert [maps_argument("clustering", s, [2, 0, 1]) for s in (0, 1, 2)] == ["", "--no-maps", "--no-maps"]
+    assert maps_argument("knn", 1, [0, 1]) == ""  # no maps: nothing to leave out
+    # the protocols named there are those whose evaluate() takes `maps`
+    import inspect
+
+    from sslbench.results import protocol_module
+
+    for name in ("clustering", "knn", "linear", "lowshot_svm", "semisup"):
+        takes = "maps" in inspect.signature(protocol_module(name).evaluate).parameters
+        assert takes == (name in MAP_PROTOCOLS), name

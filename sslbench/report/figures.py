@@ -261,6 +261,7 @@ def read_clustering_side_file(run: Run, target: str) -> dict | None:
 
 
 def tsne_maps(sides: dict[str, dict], dataset: str):
+    sides = {method: side for method, side in sides.items() if "tsne" in side}  # seeds without maps: skipped
     methods = sorted(sides)
     if not methods:
         return None
