@@ -177,15 +177,28 @@ def _locate_or_download(spec: FileSpec, download: bool, fetch: Callable[[], None
 # --------------------------------------------------------------------------- digits
 
 
-def _load_digits(root=None, download=False, image_size=None) -> Dataset:
-    """scikit-learn's bundled 8x8 digits; fixed stratified 75/25 split (1347 / 450)."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+DIGITS_SPLIT_FILE = Path(__file__).with_name("digits_split.txt")
 
-    bunch = load_digits()
-    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # 0..16 -> 0..255
-    labels = bunch.target
-    train, test = train_test_split(np.arange(len(labels)), test_size=0.25, random_state=0, stratify=labels)
+
+def _load_digits(root=None, download=False, image_size=None) -> Dataset:
+    """scikit-learn's bundled 8x8 digits; fixed stratified 75/25 split (1347 / 450).
+
+    Read from the file scikit-learn ships (the one its load_digits reads), split by the row lists in
+    digits_split.txt (its stratified train_test_split, random_state 0): importing scikit-learn would
+    cost every job that loads digits more than a second.
+    """
+    import importlib.util
+
+    package = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    if package is None or not package.submodule_search_locations:
+        raise DatasetError("dataset digits: scikit-learn is not installed; `pip install scikit-learn`")
+    path = Path(package.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    with gzip.open(path, "rt") as f:
+        rows = np.loadtxt(f, delimiter=",")  # 64 pixels (0..16) and the label per row
+    images = np.rint(rows[:, :-1].reshape(-1, 1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
+    labels = rows[:, -1].astype(np.int64)
+    lines = [line for line in DIGITS_SPLIT_FILE.read_text().splitlines() if not line.startswith("#")]
+    train, test = (np.array(line.split(), dtype=np.int64) for line in lines)
     return Dataset(
         name="digits",
         train=_in_memory(images[train], labels[train]),

@@ -56,6 +56,23 @@ def test_digits_split_is_stratified_and_partitions_sklearn_data():
     assert ours == expected
 
 
+def test_digits_is_sklearn_load_digits_split_by_its_stratified_train_test_split():
+    """The loader reads sklearn's file and a stored split without importing sklearn: both still are
+    what load_digits and train_test_split(test_size=0.25, random_state=0, stratify) give, in order."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
+    train, test = train_test_split(
+        np.arange(len(bunch.target)), test_size=0.25, random_state=0, stratify=bunch.target
+    )
+    ours = load_dataset("digits")
+    for split, rows in ((ours.train, train), (ours.test, test)):
+        assert np.array_equal(split.images.numpy(), images[rows])
+        assert np.array_equal(split.labels.numpy(), bunch.target[rows])
+
+
 def test_digits_is_deterministic():
     a, b = load_dataset("digits"), load_dataset("digits")
     assert torch.equal(a.train.images, b.train.images) and torch.equal(a.train.labels, b.train.labels)
