@@ -131,8 +131,15 @@ def test_every_preset_resolves_for_every_method(preset):
         assert resolved["train"]["epochs"] >= 1
 
 
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory):
+    """One working directory for every plan: the method folders checked by the first are remembered
+    (.snakemake/sslbench/sound_methods.json), so the others plan without importing torch."""
+    return tmp_path_factory.mktemp("plans")
+
+
 @pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
-def test_snakemake_plans_every_preset(tmp_path, preset):
+def test_snakemake_plans_every_preset(plan_dir, preset):
     out = subprocess.run(
         [
             sys.executable,
@@ -146,7 +153,7 @@ def test_snakemake_plans_every_preset(tmp_path, preset):
             "--configfile",
             *map(str, preset_files(preset)),
         ],
-        cwd=tmp_path,
+        cwd=plan_dir,
         capture_output=True,
         text=True,
         timeout=120,
