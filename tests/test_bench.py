@@ -14,7 +14,7 @@ from conftest import tiny_suite_config
 
 from sslbench.bench import COLUMNS, SECTIONS, Repeats, Sizes, run_bench
 from sslbench.bench.core import Bench, check_sections
-from sslbench.bench.jobs import planned_jobs, run_measured, snakemake_benchmarks
+from sslbench.bench.jobs import planned_jobs, run_measured, snakemake_benchmarks, stage_costs
 from sslbench.bench.solvers import exp_vote_weights, inertia, sela_settings
 from sslbench.config import ConfigError
 
@@ -281,3 +281,25 @@ def test_the_cli_pins_glibcs_malloc_thresholds_and_says_so(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert set(pd.read_csv(out)["malloc"]) == {"glibc mmap and trim thresholds pinned at 1 GiB"}
+
+
+def test_stage_costs_sum_each_stage_and_name_transfer_targets_apart(tmp_path):
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    seconds = {  # (method, job) -> wall s
+        ("moco", "pretrain"): 30.0,
+        ("pcl", "pretrain"): 50.0,
+        ("moco", "extract_fashion_mnist"): 9.0,
+        ("moco", "digits_linear"): 8.0,
+        ("pcl", "digits_linear"): 6.0,
+        ("moco", "fashion_mnist_linear"): 13.0,
+    }
+    for (method, name), wall in seconds.items():
+        path = tmp_path / "results" / "digits" / method / "seed0" / "benchmarks" / f"{name}.tsv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(header + f"{wall}\t0:00:01\t1\t1\t1\t1\t0\t0\t90\t{wall}\n")
+    stages = stage_costs(snakemake_benchmarks(tmp_path))
+    assert list(stages.index) == ["pretrain", "linear", "fashion_mnist_linear", "extract_fashion_mnist"]
+    assert stages.loc["pretrain"].tolist()[:2] == [2, 80.0] and stages.loc["linear", "per_job_s"] == 7.0
+    assert stages["share"].sum() == pytest.approx(1.0) and stages.loc["pretrain", "share"] == pytest.approx(
+        80 / 116
+    )

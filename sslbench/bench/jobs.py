@@ -168,6 +168,24 @@ def snakemake_benchmarks(folder: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def stage_costs(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Jobs' wall seconds summed per stage, largest first, from ``snakemake_benchmarks`` of a results
+    folder (files ``<pretrain>/<method>/seed<s>/benchmarks/<job>.tsv``): ``pretrain``,
+    ``extract_<target>``, a protocol on the run's own dataset by its name, on another as
+    ``<target>_<protocol>``."""
+
+    def stage(file: str) -> str:
+        parts = Path(file).parts
+        name, pretrain = Path(file).stem, parts[-5]
+        return name.removeprefix(f"{pretrain}_")
+
+    stages = jobs.assign(stage=jobs["file"].map(stage)).groupby("stage")["s"].agg(["count", "sum"])
+    stages = stages.rename(columns={"count": "jobs", "sum": "wall_s"}).sort_values("wall_s", ascending=False)
+    return stages.assign(
+        share=stages["wall_s"] / stages["wall_s"].sum(), per_job_s=stages["wall_s"] / stages["jobs"]
+    )
+
+
 def snakemake_command(bench: Bench, directory: Path, *presets: Path, target: str | None = None) -> list[str]:
     """snakemake on the repository's Snakefile in ``directory``, with the benchmark's config (and
     ``presets`` over it); the default target (the report) unless ``target`` is given."""
@@ -234,6 +252,17 @@ def bench_dag(bench: Bench) -> list[dict]:
             )
         )
     else:
+        for stage, cost in stage_costs(jobs).iterrows():
+            rows.append(
+                row(
+                    "dag",
+                    f"stage {stage}",
+                    float(cost["wall_s"]),
+                    "s",
+                    notes=f"{int(cost['jobs'])} jobs, {cost['per_job_s']:.1f} s each, {cost['share']:.0%} "
+                    "of the jobs' summed wall time (Snakemake benchmark files)",
+                )
+            )
         for _, job in jobs.iterrows():
             rows.append(
                 row(
