@@ -28,6 +28,7 @@ from .errors import ConfigError, SslbenchError  # noqa: F401  (ConfigError is th
 METHOD_SECTIONS = ("train", "augment", "backbone")
 DEFAULT_FILE = "default.yaml"  # in the config folder; presets are merged over it
 SCHEMA_FILE = "schema.yaml"
+COMMAND_LINE = "snakemake's --config"  # where a setting given on the command line was set
 NOT_TIMM_BACKBONES = ("pixels",)  # sslbench.backbones builds these itself
 # What a method's `backbone:` may add to the suite's backbone keys (sslbench.backbones).
 METHOD_BACKBONE_KEYS = ("input_filter",)
@@ -49,13 +50,13 @@ def load_config(
     (snakemake's ``--config``), each merged over the last by ``deep_merge`` (snakemake's own rule
     for ``--configfile`` and ``--config``). Checked against ``config_dir/schema.yaml`` unless
     ``validate`` is false; an error names the key and the file that set it."""
-    files = [Path(config_dir) / DEFAULT_FILE, *map(Path, presets)]
+    sources = [(str(f), load_yaml(f)) for f in (Path(config_dir) / DEFAULT_FILE, *map(Path, presets))]
+    sources.append((COMMAND_LINE, dict(overrides or {})))
     merged: dict = {}
-    for file in files:
-        merged = deep_merge(merged, load_yaml(file))
-    merged = deep_merge(merged, dict(overrides or {}))
+    for _, settings in sources:
+        merged = deep_merge(merged, settings)
     if validate:
-        validate_config(merged, Path(config_dir) / SCHEMA_FILE, files)
+        validate_config(merged, Path(config_dir) / SCHEMA_FILE, sources)
     return merged
 
 
@@ -350,14 +351,15 @@ def list_method_folders(methods_dir: str | Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 
 
-def validate_config(config: dict, schema_path: str | Path, config_files: list[str | Path]) -> None:
+def validate_config(config: dict, schema_path: str | Path, sources: list[tuple[str, dict]]) -> None:
     """Check the merged config against config/schema.yaml; one error per problem, naming the key,
-    the file(s) that set it, what was expected, and the known values where there is a list."""
+    where it was set (``sources``: (file or COMMAND_LINE, its settings), in merge order), what was
+    expected, and the known values where there is a list."""
     import jsonschema
 
     if "dataset" in config:  # the one-dataset key of earlier versions
         raise ConfigError(
-            f"config key `dataset`{_where(['dataset'], config_files)}: datasets are now registered by label "
+            f"config key `dataset`{_where(['dataset'], sources)}: datasets are now registered by label "
             "under `datasets:` ({<label>: {name: ..., image_size: ...}}) and the ones to train on listed in "
             "`pretrain: [<label>]` (see config/default.yaml); evaluation targets are `evaluation.targets`."
         )
@@ -372,11 +374,17 @@ def validate_config(config: dict, schema_path: str | Path, config_files: list[st
                 key_path = path + [key]
                 known = sorted(err.schema.get("properties", {}))
                 problems.append(
-                    f"unknown key `{_dotted(key_path)}`{_where(key_path, config_files)}; "
+                    f"unknown key `{_dotted(key_path)}`{_where(key_path, sources)}; "
                     f"known keys here: {known}. Fix the spelling or remove it."
                 )
             continue
-        problems.append(f"config key `{_dotted(path)}`{_where(path, config_files)}: {err.message}")
+        where = _where(path, sources)
+        hint = ""
+        if where.endswith(f"{COMMAND_LINE})") and err.validator == "type" and isinstance(err.instance, str):
+            hint = (
+                " (--config reads every value inside a list or mapping as a string: put it in a --configfile)"
+            )
+        problems.append(f"config key `{_dotted(path)}`{where}: {err.message}{hint}")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
@@ -385,11 +393,11 @@ def _dotted(path: list) -> str:
     return ".".join(map(str, path)) or "<top level>"
 
 
-def _where(path: list, config_files: list[str | Path]) -> str:
-    """' (set in a.yaml)': the last config file that sets this key, since later files win."""
+def _where(path: list, sources: list[tuple[str, dict]]) -> str:
+    """' (set in a.yaml)': the last source (file or the command line) that sets this key, since
+    later ones win."""
     found = None
-    for file in config_files:
-        node = load_yaml(file)
+    for name, node in sources:
         for part in path:
             if isinstance(node, dict) and part in node:
                 node = node[part]
@@ -398,7 +406,7 @@ def _where(path: list, config_files: list[str | Path]) -> str:
             else:
                 break
         else:
-            found = file
+            found = name
     return f" (set in {found})" if found else ""
 
 

@@ -43,6 +43,22 @@ def test_config_errors_name_file_key_and_expectation(tmp_path, preset, expected)
     assert expected in check(tmp_path, preset)
 
 
+def test_a_bad_value_from_the_command_line_is_named_as_such_not_as_the_default_file(tmp_path):
+    """snakemake's --config parses `seeds=[0]` as ["0"] (its YAML loader keeps the items as strings):
+    the error must name --config, which set the value, and say how to give it instead."""
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("seeds: [0, 1]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIG_DIR, [preset], {"seeds": ["0"]})
+    message = str(err.value)
+    assert "config key `seeds.0` (set in snakemake's --config)" in message and "--configfile" in message
+    assert "default.yaml" not in message and "mine.yaml" not in message
+    preset.write_text("seeds: [x]\n")  # a bad value from a file: named by its file, no --config hint
+    with pytest.raises(ConfigError, match=r"`seeds\.0` \(set in \S*mine\.yaml\): 'x'") as err:
+        load_config(CONFIG_DIR, [preset], {"train": {"epochs": 5}})
+    assert "--configfile" not in str(err.value)
+
+
 def test_default_and_every_preset_validate():
     for path in sorted(CONFIG_DIR.glob("*.yaml")):
         if path.name == "schema.yaml":
