@@ -9,7 +9,8 @@ from pathlib import Path
 from snakemake.utils import min_version
 
 from sslbench.config import (FEATURES_FILE, RESULT_FILE, RUN_DIR, ConfigError, code_param, load_config,
-                             maps_argument, method_problems, plan_runs, preflight, protocol_settings, selected_methods)
+                             maps_argument, method_problems, plan_runs, preflight, protocol_settings,
+                             selected_methods)
 from sslbench.errors import expected_errors
 from sslbench.provenance import code_digest, tree_record
 

@@ -8,9 +8,10 @@ over-clusters with k = m x classes (capped at the number of test samples).
 
 Beside its result JSON (``side_file``: eval/clustering.npz) the protocol writes what the report
 draws: the k = classes cluster id of every test point in each restart and, for the runs whose maps the
-report draws (``maps``: the first seed; the Snakefile passes --maps), a t-SNE map of a fixed subset of
-at most TSNE_POINTS test points (the same subset for every run of a dataset). The map is not a metric:
-computing it for every seed would cost most of the protocol's time for figures nobody draws.
+report draws (``maps``: the first seed; the Snakefile passes --no-maps to the others), a t-SNE map of
+a fixed subset of at most TSNE_POINTS test points (the same subset for every run of a dataset). The
+map is not a metric: computing it for every seed would cost most of the protocol's time for figures
+nobody draws.
 """
 
 from __future__ import annotations

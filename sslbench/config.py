@@ -49,7 +49,7 @@ def load_config(
     """The suite's settings: ``config_dir/default.yaml``, each preset in order, then ``overrides``
     (snakemake's ``--config``), each merged over the last by ``deep_merge`` (snakemake's own rule
     for ``--configfile`` and ``--config``). Checked against ``config_dir/schema.yaml`` unless
-    ``validate`` is false; an error names the key and the file that set it."""
+    ``validate`` is false; an error names the key and the file (or --config) that set it."""
     sources = [(str(f), load_yaml(f)) for f in (Path(config_dir) / DEFAULT_FILE, *map(Path, presets))]
     sources.append((COMMAND_LINE, dict(overrides or {})))
     merged: dict = {}
@@ -380,7 +380,11 @@ def validate_config(config: dict, schema_path: str | Path, sources: list[tuple[s
             continue
         where = _where(path, sources)
         hint = ""
-        if where.endswith(f"{COMMAND_LINE})") and err.validator == "type" and isinstance(err.instance, str):
+        if (
+            _source(path, sources) == COMMAND_LINE
+            and err.validator == "type"
+            and isinstance(err.instance, str)
+        ):
             hint = (
                 " (--config reads every value inside a list or mapping as a string: put it in a --configfile)"
             )
@@ -394,8 +398,13 @@ def _dotted(path: list) -> str:
 
 
 def _where(path: list, sources: list[tuple[str, dict]]) -> str:
-    """' (set in a.yaml)': the last source (file or the command line) that sets this key, since
-    later ones win."""
+    """' (set in a.yaml)': where the key was set (``_source``), or nothing where no source sets it."""
+    found = _source(path, sources)
+    return f" (set in {found})" if found else ""
+
+
+def _source(path: list, sources: list[tuple[str, dict]]) -> str | None:
+    """The last source (file or the command line) that sets this key, since later ones win."""
     found = None
     for name, node in sources:
         for part in path:
@@ -407,7 +416,7 @@ def _where(path: list, sources: list[tuple[str, dict]]) -> str:
                 break
         else:
             found = name
-    return f" (set in {found})" if found else ""
+    return found
 
 
 def preflight(config: dict, plan: Plan) -> None:

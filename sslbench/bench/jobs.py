@@ -175,9 +175,8 @@ def stage_costs(jobs: pd.DataFrame) -> pd.DataFrame:
     ``<target>_<protocol>``."""
 
     def stage(file: str) -> str:
-        parts = Path(file).parts
-        name, pretrain = Path(file).stem, parts[-5]
-        return name.removeprefix(f"{pretrain}_")
+        path = Path(file)
+        return path.stem.removeprefix(f"{path.parts[-5]}_")  # parts[-5]: the pretraining dataset
 
     stages = jobs.assign(stage=jobs["file"].map(stage)).groupby("stage")["s"].agg(["count", "sum"])
     stages = stages.rename(columns={"count": "jobs", "sum": "wall_s"}).sort_values("wall_s", ascending=False)
