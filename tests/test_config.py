@@ -256,6 +256,8 @@ def test_gpu_presets_undo_the_defaults_cpu_deviations_of_the_new_methods(preset)
     for method in ("byol", "mocov3", "barlowtwins", "vicreg", "swav"):
         train = run(method)["train"]
         assert (train["optimizer"], train["lars_trust_coefficient"]) == ("lars", 1.0e-3), method
+        rule = "larc" if method == "swav" else "update_norm"  # apex LARC (main_swav.py); the others' own LARS
+        assert train["lars_trust_ratio"] == rule, method
     assert (
         run("byol")["params"].items()
         >= {"proj_hidden_dim": 4096, "pred_hidden_dim": 4096, "target_init": "own"}.items()
