@@ -11,9 +11,12 @@ any setting; the settings only decide what is applied.
 The pipeline, per sample:
 
 1. random resized crop + horizontal flip, both in one ``grid_sample`` call on a
-   per-sample axis-aligned grid (the crop box is drawn as torchvision's
-   ``RandomResizedCrop.get_params`` draws it: 10 tries, then a central crop; the
-   resampling equals torchvision's crop + bilinear resize without antialiasing);
+   per-sample axis-aligned grid (the resampling equals torchvision's crop + bilinear
+   resize without antialiasing). The box is drawn by ``crop_sampler``: ``torchvision``
+   as ``RandomResizedCrop.get_params`` draws it (10 tries, then a central crop), or
+   ``byol`` as BYOL's utils/dataset.py ``_decode_and_random_crop``: one area and one
+   log-uniform aspect ratio, the width and height rounded and clipped to the image's,
+   never retried;
 2. colour jitter with probability ``jitter_p``: brightness, contrast,
    saturation and hue as torchvision's ``ColorJitter`` defines them, applied in
    a random order per sample (as torchvision and SimCLR's ``random_order=True``
@@ -39,8 +42,9 @@ The pipeline, per sample:
    PIL's blur replicates the edge);
 5. solarisation with probability ``solarise_p`` (BYOL's, Barlow Twins', VICReg's, MoCo v3's
    and DINO's second view): every value at or above ``solarise_threshold`` becomes 1 - value
-   (BYOL's augmentations.py on [0, 1] uses 0.5; PIL's ``ImageOps.solarize``, used by the PyTorch
-   codes, inverts pixels >= 128 of 255, i.e. 0.502);
+   (PIL's ``ImageOps.solarize``, which the PyTorch codes call, inverts pixels >= 128 of 255:
+   ``PIL_SOLARISE_THRESHOLD``, 128 / 255, the ``byol_view`` presets'; BYOL's augmentations.py on
+   [0, 1] uses 0.5);
 6. normalisation.
 
 Augmentation policy (``policy``, default ``simclr``: the steps above). ``randaugment`` and
@@ -123,6 +127,8 @@ IMAGENET_GREY_MEAN = sum(w * m for w, m in zip(LUMA_WEIGHTS, IMAGENET_MEAN))
 IMAGENET_GREY_STD = sum(w * s for w, s in zip(LUMA_WEIGHTS, IMAGENET_STD))
 
 _CROP_TRIES = 10  # torchvision's RandomResizedCrop tries 10 boxes before the fallback
+CROP_SAMPLERS = ("torchvision", "byol")  # how a crop box is drawn (the module docstring, step 1)
+PIL_SOLARISE_THRESHOLD = 128 / 255  # ImageOps.solarize's default threshold 128, on [0, 1]
 
 # blur_sigma is in pixels of a view of this side (the papers' ImageNet crops), scaled by side / 224.
 BLUR_REFERENCE_SIDE = 224
@@ -134,6 +140,7 @@ class ViewConfig:
 
     crop_scale: tuple[float, float] = (0.2, 1.0)  # RandomResizedCrop scale (area fraction)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # aspect ratio range (w / h)
+    crop_sampler: str = "torchvision"  # torchvision (10 tries, central fallback) | byol (one box, clipped)
     flip_p: float = 0.5
     jitter_p: float = 0.8
     brightness: float = 0.4  # factor ~ U[max(0, 1 - b), 1 + b]
@@ -146,7 +153,7 @@ class ViewConfig:
     blur_sigma: tuple[float, float] = (0.1, 2.0)  # in pixels of a 224-px view, scaled by side / 224
     # blur kernel size scales with the image: ~10% of the side, odd (SimCLR's rule)
     solarise_p: float = 0.0
-    solarise_threshold: float = 0.5  # values >= it become 1 - value (BYOL's 0.5; PIL's 128/255)
+    solarise_threshold: float = 0.5  # values >= it become 1 - value (BYOL's 0.5; PIL's: 128/255)
     policy: str = "simclr"  # simclr (the steps above) | randaugment | autoaugment (replace steps 2-5)
     policy_ops: int = 2  # RandAugment's N (ops per image), torchvision's default
     policy_magnitude: int = 9  # RandAugment's M (of 31 bins), torchvision's default
@@ -183,6 +190,10 @@ class ViewConfig:
             raise ValueError(f"ViewConfig.hue must be in [0, 0.5] (a fraction of a turn), got {self.hue}")
         if not isinstance(self.grey_first, bool):
             raise ValueError(f"ViewConfig.grey_first must be true or false, got {self.grey_first!r}")
+        if self.crop_sampler not in CROP_SAMPLERS:
+            raise ValueError(
+                f"ViewConfig.crop_sampler must be one of {list(CROP_SAMPLERS)}, got {self.crop_sampler!r}"
+            )
         if self.policy not in POLICIES:
             raise ValueError(f"ViewConfig.policy must be one of {list(POLICIES)}, got {self.policy!r}")
         for name, low, high in (("policy_ops", 1, 14), ("policy_magnitude", 0, 30)):
@@ -284,13 +295,14 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
         gray_p=0.0,
         blur_p=0.0,
     ),
-    # BYOL's asymmetric pair (deepmind-research byol/utils/augmentations.py), which Barlow Twins
-    # (main.py Transform), VICReg (augmentations.py), MoCo v3 (main_moco.py, with crop scale
-    # (0.2, 1)) and DINO's two global crops (main_dino.py) use too: crop (0.08, 1), flip,
-    # ColorJitter(0.4, 0.4, 0.2, 0.1) p=0.8, grey p=0.2, then blur p=1.0 (view 1) / 0.1 (view 2)
-    # and solarisation p=0 / 0.2. The PyTorch codes use torchvision's jitter, as here; BYOL's own
-    # jitter adds brightness instead of scaling it, and its solarisation threshold 0.5 is the
-    # one here (PIL's 128/255 in the PyTorch codes).
+    # BYOL's asymmetric pair (deepmind-research byol/utils/augmentations.py) as the PyTorch codes
+    # that use it write it: Barlow Twins (main.py Transform), VICReg (augmentations.py), MoCo v3
+    # (main_moco.py, with crop scale (0.2, 1)) and DINO's two global crops (main_dino.py): crop
+    # (0.08, 1) (torchvision's RandomResizedCrop), flip, ColorJitter(0.4, 0.4, 0.2, 0.1) p=0.8,
+    # grey p=0.2, then blur p=1.0 (view 1) / 0.1 (view 2) and solarisation p=0 / 0.2 at PIL's
+    # threshold 128/255 (ImageOps.solarize). BYOL's own code differs in its crop (crop_sampler
+    # byol), its threshold (0.5) and its jitter (it adds brightness instead of scaling it):
+    # methods/byol/config.yaml sets the first two.
     "byol_view1": ViewConfig(
         crop_scale=(0.08, 1.0),
         brightness=0.4,
@@ -301,6 +313,7 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
         gray_p=0.2,
         blur_p=1.0,
         solarise_p=0.0,
+        solarise_threshold=PIL_SOLARISE_THRESHOLD,
     ),
     # No augmentation: the whole (square) image resized to the output size.
     "none": ViewConfig(
@@ -640,7 +653,10 @@ def _uniform(n: int, low: float, high: float, generator, shape: tuple = ()) -> t
 
 
 def _draw_crop_boxes(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator):
-    """torchvision's RandomResizedCrop.get_params, for n samples at once."""
+    """torchvision's RandomResizedCrop.get_params (or BYOL's crop, ``crop_sampler``), for n samples
+    at once: top, left, height, width, integers as floats."""
+    if cfg.crop_sampler == "byol":
+        return _draw_byol_crop_boxes(n, in_h, in_w, cfg, generator)
     area = in_h * in_w
     target_area = area * _uniform(n, *cfg.crop_scale, generator, (_CROP_TRIES,))
     log_ratio = _uniform(
@@ -670,6 +686,21 @@ def _draw_crop_boxes(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator):
     left = torch.floor(position[:, 1] * (in_w - width + 1)).clamp_max(in_w - width)
     top = torch.where(found, top, torch.div(in_h - height, 2, rounding_mode="floor"))
     left = torch.where(found, left, torch.div(in_w - width, 2, rounding_mode="floor"))
+    return top, left, height, width
+
+
+def _draw_byol_crop_boxes(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator):
+    """BYOL's _decode_and_random_crop: area ~ U(crop_scale) x the image's, aspect ratio log-uniform
+    in crop_ratio, width and height rounded (half to even, as tf.round) and clipped to the image's,
+    then integer offsets uniform over the positions that fit. One draw per sample, never retried: 4 n
+    numbers. A side is at least 1 px (the official needs no floor at its sizes)."""
+    area = in_h * in_w * _uniform(n, *cfg.crop_scale, generator)
+    aspect = torch.exp(_uniform(n, math.log(cfg.crop_ratio[0]), math.log(cfg.crop_ratio[1]), generator))
+    width = torch.round(torch.sqrt(area * aspect)).clamp(1, in_w)
+    height = torch.round(torch.sqrt(area / aspect)).clamp(1, in_h)
+    position = torch.rand((n, 2), generator=generator)
+    top = torch.floor(position[:, 0] * (in_h - height + 1)).clamp_max(in_h - height)
+    left = torch.floor(position[:, 1] * (in_w - width + 1)).clamp_max(in_w - width)
     return top, left, height, width
 
 

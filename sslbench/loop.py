@@ -4,7 +4,7 @@ and the semi-supervised fine-tune, so that each is written once:
 - shuffled_batches:  one epoch's index batches in a random order
 - learning_rate:     the schedule (linear warm-up, then cosine, x0.1 steps or constant) at a step
 - set_learning_rate: every parameter group's lr at a step (its own base, or fixed)
-- make_optimizer:    SGD, AdamW or LARS (timm.optim.Lars) from settings, over parameter groups
+- make_optimizer:    SGD, AdamW or LARS (``Lars``) from settings, over parameter groups
 - check_finite:      the divergence check, raising TrainingDiverged
 - autocast:          the bf16 autocast context of a device (CUDA only)
 - fit_classifier:    the protocols' loop: cross-entropy on augmented views, one step per batch
@@ -23,12 +23,21 @@ Parameter groups (``make_optimizer``): a group is a dict with ``params`` and any
                         parameters in BYOL, Barlow Twins, VICReg, MoCo v3); it must have weight
                         decay 0. Under SGD / AdamW the flag does nothing (the weight decay does).
 
-LARS is timm's ``Lars`` with ``train.momentum``, ``train.lars_trust_coefficient`` (eta) and
-``train.lars_trust_clip`` (LARC's clipping: the adapted lr never exceeds the group's lr). Its trust
-ratio is apex LARC's, eta ||w|| / (||g|| + wd ||w||); BYOL, Barlow Twins, VICReg, MoCo v3 and DINO's
-own LARS divide by ||g + wd w|| instead (equal when wd = 0, within wd ||w|| / ||g|| otherwise, tiny
-at their wd of 1e-6): a method README that uses it says so. Every group not excluded is adapted,
-also when its weight decay is 0 (timm's ``always_adapt``).
+LARS is ``Lars`` below (You, Gitman, Ginsburg 2017, with momentum as the self-supervised codes run
+it), with ``train.momentum``, ``train.lars_trust_coefficient`` (eta), ``train.lars_trust_clip``
+(LARC's clipping: the adapted lr never exceeds the group's lr) and ``train.lars_trust_ratio``, the
+trust ratio's form (``LARS_TRUST_RATIOS``): ``update_norm``, eta ||w|| / ||g + wd w|| (BYOL's
+optimizers.py, Barlow Twins' and VICReg's main*.py, MoCo v3's optimizer.py, DINO's utils.py), or
+``larc``, apex LARC's eta ||w|| / (||g|| + wd ||w||) (SwAV's). They differ most at g = 0: there
+``update_norm`` gives eta / wd and the tensor still moves (by lr eta w), ``larc`` leaves it undecayed
+and unadapted. Every group not excluded is adapted, also when its weight decay is 0 (as every
+official LARS).
+
+Warm-up (``train.warmup_epochs`` > 0, ``train.warmup_ramp``, ``WARMUP_RAMPS``): ``linear`` is
+base x step / warm-up steps, 0 at the first step (BYOL's schedules.py, Barlow Twins' and VICReg's
+adjust_learning_rate; MoCo v3's lr x epoch / warmup_epochs on the fractional epoch is the same);
+``linspace`` is numpy's linspace(0, base, warm-up steps), 0 at the first step and base at the last
+warm-up step (DINO's cosine_scheduler, SwAV's warm-up). The cosine part starts at base after either.
 
 This module knows nothing of methods, checkpoints or protocols (it imports only sslbench.errors):
 the engine and the protocols call it, never the other way round.
@@ -65,17 +74,40 @@ def batch_count(count: int, batch_size: int, min_size: int = 1) -> int:
     return full + int(rest > 0 and (rest >= min_size or full == 0))
 
 
-def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float | None = None) -> float:
-    """Linear warm-up, then cosine to zero, x0.1 steps at milestones, or constant.
+WARMUP_RAMPS = ("linear", "linspace")
 
-    ``schedule`` holds ``lr``, ``epochs``, ``schedule`` and optionally ``warmup_epochs`` and
-    ``milestones`` (the ``train`` section's keys); ``base`` replaces ``lr`` (a parameter group's own).
+
+def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    """How many steps warm up: those whose epoch, step / steps_per_epoch, is below ``warmup_epochs``."""
+    count = math.ceil(warmup_epochs * steps_per_epoch)
+    while count > 0 and (count - 1) / steps_per_epoch >= warmup_epochs:  # float round-off either way
+        count -= 1
+    while count / steps_per_epoch < warmup_epochs:
+        count += 1
+    return count
+
+
+def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float | None = None) -> float:
+    """Linear warm-up (``warmup_ramp``: see the module docstring), then cosine to zero, x0.1 steps at
+    milestones, or constant.
+
+    ``schedule`` holds ``lr``, ``epochs``, ``schedule`` and optionally ``warmup_epochs`` (with
+    ``warmup_ramp``) and ``milestones`` (the ``train`` section's keys); ``base`` replaces ``lr`` (a
+    parameter group's own).
     """
     base = schedule["lr"] if base is None else base
     epoch = step / steps_per_epoch
     warmup = schedule.get("warmup_epochs", 0)
     if epoch < warmup:
-        return base * (step + 1) / (warmup * steps_per_epoch)
+        ramp = schedule["warmup_ramp"]
+        if ramp == "linear":
+            return base * epoch / warmup
+        if ramp == "linspace":
+            last = warmup_steps(warmup, steps_per_epoch) - 1
+            return base * step / last if last > 0 else 0.0  # numpy's linspace of one value: its start
+        raise ConfigError(
+            f"config key `train.warmup_ramp`: unknown ramp {ramp!r}; known: {', '.join(WARMUP_RAMPS)}"
+        )
     kind = schedule["schedule"]
     if kind == "cosine":
         progress = (epoch - warmup) / max(1e-12, schedule["epochs"] - warmup)
@@ -149,30 +181,116 @@ def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> t
     )
 
 
-def make_lars(groups: list[dict], train: dict) -> torch.optim.Optimizer:
-    """timm's Lars: every group adapted (``always_adapt``) but those with ``exclude_from_lars``."""
-    from timm.optim import Lars
+LARS_TRUST_RATIOS = ("update_norm", "larc")
 
+
+def make_lars(groups: list[dict], train: dict) -> torch.optim.Optimizer:
+    """``Lars`` over ``groups``: every group adapted but those with ``exclude_from_lars``."""
     if train.get("fused_optimizer") is True:
         raise ConfigError(
-            "config key `train.fused_optimizer`: true needs `train.optimizer` sgd or adamw; timm's LARS has "
+            "config key `train.fused_optimizer`: true needs `train.optimizer` sgd or adamw; LARS has "
             "no fused update (set it to auto or false)"
+        )
+    ratio = train["lars_trust_ratio"]
+    if ratio not in LARS_TRUST_RATIOS:
+        raise ConfigError(
+            f"config key `train.lars_trust_ratio`: unknown rule {ratio!r}; "
+            f"known: {', '.join(LARS_TRUST_RATIOS)}"
         )
     for group in groups:
         if group["exclude_from_lars"] and group["weight_decay"] != 0:
             raise ValueError(
-                f"a parameter group with exclude_from_lars has weight_decay {group['weight_decay']}: timm's "
-                "Lars adapts every group it decays; give the excluded group weight_decay 0.0"
+                f"a parameter group with exclude_from_lars has weight_decay {group['weight_decay']}: LARS "
+                "neither adapts nor decays it; give the excluded group weight_decay 0.0"
             )
-        group["always_adapt"] = not group["exclude_from_lars"]
     return Lars(
         groups,
         lr=train["lr"],
         momentum=train["momentum"],
         weight_decay=train["weight_decay"],
-        trust_coeff=train["lars_trust_coefficient"],
+        trust_coefficient=train["lars_trust_coefficient"],
+        trust_ratio=ratio,
         trust_clip=bool(train["lars_trust_clip"]),
     )
+
+
+class Lars(torch.optim.Optimizer):
+    """LARS with momentum. For each tensor w of a group that is not ``exclude_from_lars``, with
+    gradient g: the update d = (g + wd w) q, q the trust ratio of ``trust_ratio``
+    (``update_norm``: eta ||w|| / ||g + wd w||, 1 where either norm is 0; ``larc``: eta ||w|| /
+    (||g|| + wd ||w|| + 1e-8), and where ||w|| or ||g|| is 0, d = g: apex LARC's), q clipped to at
+    most 1 / lr with ``trust_clip`` (where it adapts: the adapted lr q lr never exceeds lr). An
+    excluded group's update is g. Then mu = momentum mu + d (mu = d at the first step) and
+    w -= lr mu, as SGD's momentum without dampening."""
+
+    def __init__(
+        self,
+        params,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        trust_ratio: str = "update_norm",
+        trust_clip: bool = False,
+    ):
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            trust_ratio=trust_ratio,
+            trust_clip=trust_clip,
+            exclude_from_lars=False,
+        )
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            updates = grads if group["exclude_from_lars"] else lars_updates(params, grads, group)
+            if group["momentum"] != 0:
+                states = [self.state[p] for p in params]
+                started = [i for i, state in enumerate(states) if "momentum_buffer" in state]
+                if started:
+                    buffers = [states[i]["momentum_buffer"] for i in started]
+                    torch._foreach_mul_(buffers, group["momentum"])
+                    torch._foreach_add_(buffers, [updates[i] for i in started])
+                for state, update in zip(states, updates):
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = update.detach().clone()
+                updates = [state["momentum_buffer"] for state in states]
+            torch._foreach_add_(params, updates, alpha=-group["lr"])
+        return loss
+
+
+def lars_updates(params: list[torch.Tensor], grads: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
+    """The adapted updates d of ``Lars`` (its docstring) of one group's tensors, new tensors."""
+    wd, eta = group["weight_decay"], group["trust_coefficient"]
+    w_norms = torch.stack(torch._foreach_norm(params))
+    if group["trust_ratio"] == "update_norm":
+        updates = torch._foreach_add(grads, params, alpha=wd)
+        d_norms = torch.stack(torch._foreach_norm(updates))
+        adapt = (w_norms > 0) & (d_norms > 0)
+        ratios = eta * w_norms / torch.where(adapt, d_norms, 1.0)
+    else:  # larc
+        g_norms = torch.stack(torch._foreach_norm(grads))
+        adapt = (w_norms > 0) & (g_norms > 0)
+        ratios = eta * w_norms / (g_norms + w_norms * wd + 1e-8)
+        decays = torch.where(adapt, wd, 0.0).to(w_norms.dtype)  # apex: no weight decay where not adapted
+        updates = torch._foreach_add(grads, torch._foreach_mul(params, list(decays.unbind())))
+    if group["trust_clip"]:
+        ratios = torch.clamp(ratios / group["lr"], max=1.0)
+    ratios = torch.where(adapt, ratios, 1.0)
+    torch._foreach_mul_(updates, list(ratios.unbind()))
+    return updates
 
 
 def check_finite(loss: torch.Tensor, message: Callable[..., str], *context) -> float:

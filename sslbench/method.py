@@ -47,9 +47,9 @@ lr times it), ``fixed_lr`` (True: the group keeps ``train.lr`` x ``lr_scale``, t
 moves it), ``weight_decay`` (default ``train.weight_decay``) and ``exclude_from_lars`` (no weight
 decay and no LARS adaptation; needs ``weight_decay: 0.0``). Every trainable parameter in exactly
 one group. ``exclude_bias_and_norm`` splits parameters the way BYOL, Barlow Twins, VICReg, MoCo v3
-and DINO do. The optimiser is ``train.optimizer`` (sgd | adamw | lars: timm's Lars; see
-sslbench.loop for its trust ratio, apex LARC's, and the settings ``lars_trust_coefficient`` and
-``lars_trust_clip``).
+and DINO do. The optimiser is ``train.optimizer`` (sgd | adamw | lars: sslbench.loop.Lars; see
+sslbench.loop for its trust ratios, ``lars_trust_ratio``, and the settings ``lars_trust_coefficient``
+and ``lars_trust_clip``).
 
 Momentum pairs (``momentum_pairs``): a list of ``(online, target)`` with ``online`` a sequence of
 modules whose parameters, in order, match ``target.parameters()`` in number and shapes. The

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
+from conftest import METHODS_DIR, REPO
 
 from sslbench import augment
 from sslbench.augment import (
@@ -26,6 +27,7 @@ from sslbench.augment import (
     gaussian_blur,
     view_config,
 )
+from sslbench.config import load_config, resolve_method_config
 
 IDENTITY = dict(
     crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0, blur_p=0.0
@@ -244,6 +246,61 @@ def test_crop_boxes_respect_scale_ratio_and_image_bounds():
     # a box that can never fit falls back to torchvision's central crop
     top, left, height, width = augment._draw_crop_boxes(4, 10, 40, view_config("none"), seeded(0))
     assert height.tolist() == [10] * 4 and width.tolist() == [10] * 4 and left.tolist() == [15] * 4
+
+
+@pytest.mark.parametrize(
+    "height, width, scale, ratio",
+    [
+        (16, 16, (0.08, 1.0), (3 / 4, 4 / 3)),  # BYOL's own settings
+        (16, 16, (1.0, 1.0), (4 / 3, 4 / 3)),  # the box never fits: always clipped
+        (10, 40, (0.5, 1.0), (0.05, 20.0)),  # extreme aspect ratios on a wide image
+        (40, 10, (0.9, 1.0), (0.05, 20.0)),
+        (2, 3, (0.01, 1.0), (0.1, 10.0)),  # a tiny image: sides floored at 1 px
+    ],
+)
+def test_byol_crop_box_is_one_draw_clipped_to_the_image(height, width, scale, ratio):
+    """BYOL's dataset.py crop: area and log-uniform aspect ratio drawn once, the rounded sides clipped to
+    the image, offsets uniform over what fits; no retry, no fallback: 4 numbers per box."""
+    n = 4000
+    cfg = view_config("byol_view1", crop_sampler="byol", crop_scale=scale, crop_ratio=ratio)
+    g = seeded(3)
+    top, left, h, w = augment._draw_crop_boxes(n, height, width, cfg, g)
+    assert (top >= 0).all() and (left >= 0).all() and (h >= 1).all() and (w >= 1).all()
+    assert (top + h <= height).all() and (left + w <= width).all()
+    assert ((top == top.round()) & (left == left.round()) & (h == h.round()) & (w == w.round())).all()
+    replay = seeded(3)
+    torch.rand(4 * n, generator=replay)  # never retried: exactly 4 numbers per box were drawn
+    assert torch.equal(g.get_state(), replay.get_state())
+    # The boxes of the official formula, from the same uniforms: area U(scale), log-ratio U, round, clip.
+    replay = seeded(3)
+    u_area, u_ratio, position = (torch.rand(n, generator=replay), torch.rand(n, generator=replay),
+                                 torch.rand((n, 2), generator=replay))  # fmt: skip
+    for k in range(0, n, 97):
+        area = height * width * (scale[0] + (scale[1] - scale[0]) * u_area[k].item())
+        log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+        aspect = math.exp(log_lo + (log_hi - log_lo) * u_ratio[k].item())
+        box_w = min(max(round(math.sqrt(area * aspect)), 1), width)
+        box_h = min(max(round(math.sqrt(area / aspect)), 1), height)
+        assert (h[k].item(), w[k].item()) == (box_h, box_w), k
+        assert top[k].item() == min(math.floor(position[k, 0].item() * (height - box_h + 1)), height - box_h)
+        assert left[k].item() == min(math.floor(position[k, 1].item() * (width - box_w + 1)), width - box_w)
+    # Offsets reach every position a box of its size fits in (no central fallback).
+    for size in (h.unique()[:3]).tolist():
+        tops = top[h == size]
+        if len(tops) > 500:
+            assert set(tops.long().tolist()) == set(range(int(height - size) + 1))
+
+
+def test_byol_crop_clips_where_torchvision_falls_back_to_a_centre_crop():
+    # Area 1 x 16 x 16 at ratio 4/3: sides round(18.5) = 18 and round(13.9) = 14. BYOL clips the width to
+    # 16 (a 14 x 16 box at random offsets); torchvision's 10 tries all fail and it takes the central 12 x 16.
+    cfg = view_config("byol_view1", crop_scale=(1.0, 1.0), crop_ratio=(4 / 3, 4 / 3))
+    top, left, h, w = augment._draw_crop_boxes(
+        200, 16, 16, dataclasses.replace(cfg, crop_sampler="byol"), seeded(0)
+    )
+    assert set(h.tolist()) == {14} and set(w.tolist()) == {16} and set(top.tolist()) == {0, 1, 2}
+    top, left, h, w = augment._draw_crop_boxes(200, 16, 16, cfg, seeded(0))
+    assert set(h.tolist()) == {12} and set(w.tolist()) == {16} and set(top.tolist()) == {2}
 
 
 def test_crop_of_a_constant_image_stays_constant():
@@ -523,12 +580,44 @@ def test_solarise_inverts_the_values_at_or_above_the_threshold():
     torch.testing.assert_close(augment.solarise(pil, 128 / 255), torch.tensor([127, 127, 55]) / 255)
 
 
+def test_the_pil_threshold_solarises_every_level_as_imageops_solarize():
+    from PIL import Image, ImageOps
+
+    levels = torch.arange(256, dtype=torch.uint8)
+    image = Image.frombytes("L", (256, 1), bytes(levels.tolist()))
+    pil = torch.tensor(list(ImageOps.solarize(image).tobytes()))
+    ours = augment.solarise(levels.float() / 255, augment.PIL_SOLARISE_THRESHOLD)
+    assert torch.equal((ours * 255).round().long(), pil)  # level 128 is inverted (0.502 would keep it)
+    assert VIEW_PRESETS["byol_view2"].solarise_threshold == augment.PIL_SOLARISE_THRESHOLD
+
+
+# Each solarising method's official threshold and crop sampler (BYOL's own code; the PyTorch codes call
+# ImageOps.solarize after torchvision's RandomResizedCrop).
+OFFICIAL_VIEWS = {
+    "byol": (0.5, "byol"),  # byol/utils/augmentations.py, utils/dataset.py
+    "barlowtwins": (128 / 255, "torchvision"),  # main.py Solarization
+    "vicreg": (128 / 255, "torchvision"),  # augmentations.py Solarization
+    "mocov3": (128 / 255, "torchvision"),  # moco/loader.py Solarize
+    "dino": (128 / 255, "torchvision"),  # utils.Solarization
+}
+
+
+@pytest.mark.parametrize("preset", [None, "cifar10", "stl10", "fashion_mnist", "imagenet100", "imagenet"])
+def test_each_method_solarises_at_its_official_threshold_and_crops_with_its_sampler(preset):
+    config = load_config(REPO / "config", [REPO / "config" / f"{preset}.yaml"] if preset else [])
+    for method, (threshold, sampler) in OFFICIAL_VIEWS.items():
+        groups = augment.view_groups(resolve_method_config(config, METHODS_DIR, method)["augment"], 16, 2)
+        solarised = [g.config.solarise_threshold for g in groups if g.config.solarise_p > 0]
+        assert solarised and solarised == [threshold] * len(solarised), (preset, method)
+        assert {g.config.crop_sampler for g in groups} == {sampler}, (preset, method)
+
+
 def test_a_solarised_view_is_the_same_view_solarised_and_its_coin_is_drawn_last():
     images = random_images(64, 3, 24)
     base = view_config("byol_view2", solarise_p=0.0)
     always = ViewAugment(24, 3, *unit_stats(3), dataclasses.replace(base, solarise_p=1.0))(images, seeded(4))
     never = ViewAugment(24, 3, *unit_stats(3), base)(images, seeded(4))  # the same crops, jitter, blur
-    torch.testing.assert_close(always, augment.solarise(never, 0.5))
+    torch.testing.assert_close(always, augment.solarise(never, base.solarise_threshold))
     # Without solarisation nothing more is drawn; with it, one coin per sample after everything else.
     g_without, g_with = seeded(5), seeded(5)
     augment._draw_params(64, 24, 24, base, g_without)
@@ -569,7 +658,7 @@ def test_byol_views_view_one_always_blurred_view_two_solarised_at_its_rate():
     assert torch.equal(v1, views(one, dataclasses.replace(two, solarise_p=0.0))[0])  # view 1: never solarised
     solarised = (v2 != v2_plain).flatten(1).any(1)
     assert abs(solarised.float().mean().item() - 0.2) < 0.03  # view 2: solarise p 0.2
-    torch.testing.assert_close(v2[solarised], augment.solarise(v2_plain[solarised], 0.5))
+    torch.testing.assert_close(v2[solarised], augment.solarise(v2_plain[solarised], two.solarise_threshold))
 
 
 def test_augment_forms_and_their_views():

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 from conftest import METHODS_DIR, hadamard_columns
-from timm.optim import Lars
 from torch import nn
 
 from sslbench.engine import Trainer
+from sslbench.loop import Lars
 from sslbench.losses import barlow_twins, cross_correlation, off_diagonal
 
 LAMBD = 0.0051
@@ -145,8 +145,11 @@ def test_lars_adapts_the_weights_and_gives_biases_and_norms_their_own_lr(trainer
     weights, biases = optimizer.param_groups
     assert {id(p) for p in weights["params"]} == {id(p) for p in method.parameters() if p.ndim > 1}
     assert {id(p) for p in biases["params"]} == {id(p) for p in method.parameters() if p.ndim == 1}
-    assert (weights["weight_decay"], weights["always_adapt"]) == (1e-6, True)
-    assert weights["trust_coeff"] == 0.01  # the default's eta (README.md; main.py's 1e-3 in the presets)
-    assert (biases["weight_decay"], biases["always_adapt"]) == (0.0, False)  # neither decayed nor adapted
+    assert (weights["weight_decay"], weights["exclude_from_lars"]) == (1e-6, False)
+    assert (
+        weights["trust_coefficient"] == 0.01
+    )  # the default's eta (README.md; main.py's 1e-3 in the presets)
+    assert weights["trust_ratio"] == "update_norm"  # main.py's LARS: eta |w| / |g + wd w|
+    assert (biases["weight_decay"], biases["exclude_from_lars"]) == (0.0, True)  # neither decayed nor adapted
     # config.yaml's lr 0.1 = --learning-rate-weights 0.2 x 128 / 256; the biases' 0.0048 x 128 / 256
     assert (weights["base_lr"], biases["base_lr"]) == pytest.approx((0.1, 0.0024))

@@ -256,6 +256,8 @@ def test_gpu_presets_undo_the_defaults_cpu_deviations_of_the_new_methods(preset)
     for method in ("byol", "mocov3", "barlowtwins", "vicreg", "swav"):
         train = run(method)["train"]
         assert (train["optimizer"], train["lars_trust_coefficient"]) == ("lars", 1.0e-3), method
+        rule = "larc" if method == "swav" else "update_norm"  # apex LARC (main_swav.py); the others' own LARS
+        assert train["lars_trust_ratio"] == rule, method
     assert (
         run("byol")["params"].items()
         >= {"proj_hidden_dim": 4096, "pred_hidden_dim": 4096, "target_init": "own"}.items()
@@ -277,7 +279,10 @@ def test_gpu_presets_undo_the_defaults_cpu_deviations_of_the_new_methods(preset)
     ]
     dino = run("dino")
     assert dino["params"].items() >= {"out_dim": 65536, "hidden_dim": 2048, "bottleneck_dim": 256}.items()
-    assert (dino["params"]["use_bn_in_head"], dino["params"]["momentum"]) == (False, 0.996)
+    assert dino["params"]["use_bn_in_head"] is False
+    # main_dino.py's help text: 0.9995 at batch 256; the command's 0.996 at 512 (and on STL-10's few steps)
+    teacher = 0.996 if preset in ("cifar10", "cifar100", "stl10") else 0.9995
+    assert dino["params"]["momentum"] == teacher and (teacher == 0.996 or dino["train"]["batch_size"] == 256)
     assert [(c["count"], c["crop_scale"]) for c in dino["augment"]["crops"]] == [
         (1, [0.14, 1.0]),
         (1, [0.14, 1.0]),

@@ -18,13 +18,12 @@ import warnings
 import pytest
 import torch
 from conftest import METHODS_DIR, contract_folders, tiny_suite_config
-from timm.optim import Lars
 from torch import nn
 
 from sslbench import momentum
 from sslbench.config import ConfigError, resolve_method_config
 from sslbench.engine import Trainer, pretrain
-from sslbench.loop import learning_rate
+from sslbench.loop import Lars, learning_rate
 from sslbench.method import embed_crops
 from sslbench.momentum import momentum_at
 
@@ -121,16 +120,17 @@ def batch_views(trainer, seed=0):
 def test_the_method_s_groups_reach_the_optimiser_with_their_options(tmp_path):
     trainer = exerciser(tmp_path)
     method, optimizer = trainer.method, trainer.optimizer
-    assert isinstance(optimizer, Lars)  # train.optimizer: lars is timm's
+    assert isinstance(optimizer, Lars)  # train.optimizer: lars
     weights, excluded, predictor = optimizer.param_groups
     online = [*method.backbone.parameters(), *method.projector.parameters()]
     assert {id(p) for p in weights["params"]} == {id(p) for p in online if p.ndim > 1}
     assert {id(p) for p in excluded["params"]} == {id(p) for p in online if p.ndim <= 1}
     assert {id(p) for p in predictor["params"]} == {id(p) for p in method.predictor.parameters()}
-    assert (weights["weight_decay"], weights["always_adapt"]) == (1e-4, True)
-    assert (excluded["weight_decay"], excluded["always_adapt"]) == (0.0, False)  # no decay, not adapted
-    assert (predictor["fixed_lr"], predictor["always_adapt"]) == (True, True)
-    assert (weights["trust_coeff"], weights["trust_clip"]) == (0.001, False)  # train's LARS settings
+    assert (weights["weight_decay"], weights["exclude_from_lars"]) == (1e-4, False)
+    assert (excluded["weight_decay"], excluded["exclude_from_lars"]) == (0.0, True)  # no decay, not adapted
+    assert (predictor["fixed_lr"], predictor["exclude_from_lars"]) == (True, False)
+    settings = (weights["trust_coefficient"], weights["trust_clip"], weights["trust_ratio"])
+    assert settings == (0.001, False, "update_norm")  # train's LARS settings
     assert not any(p.requires_grad for p in method.target.parameters())
 
     row = trainer.train_epoch()  # 10 steps of the cosine schedule over 2 epochs of 10

@@ -129,8 +129,10 @@ def test_each_epoch_s_temperature_reaches_the_loss_and_the_log(tmp_path):
 
 
 def step_changes(tmp_path, epoch: int, **overrides) -> dict[str, bool]:
-    """Which student tensors one engine step at `epoch` moves, and the teacher's EMA check."""
-    trainer = Trainer(METHODS_DIR / "dino", dino_config(**overrides), 0, tmp_path, progress=False)
+    """Which student tensors one engine step at `epoch` moves, and the teacher's EMA check. Without the
+    warm-up, whose first step has lr 0 (utils.cosine_scheduler's linspace from 0)."""
+    cfg = dino_config(train={"warmup_epochs": 0}, **overrides)
+    trainer = Trainer(METHODS_DIR / "dino", cfg, 0, tmp_path, progress=False)
     method = trainer.method
     student = dict([*method.backbone.named_parameters("backbone"), *method.head.named_parameters("head")])
     before = {n: p.detach().clone() for n, p in student.items()}

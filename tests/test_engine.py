@@ -13,7 +13,15 @@ from sslbench.loop import TrainingDiverged, learning_rate, make_optimizer, uses_
 
 
 def schedule(**kw):
-    return {"lr": 1.0, "epochs": 10, "warmup_epochs": 0, "schedule": "cosine", "milestones": [], **kw}
+    return {
+        "lr": 1.0,
+        "epochs": 10,
+        "warmup_epochs": 0,
+        "warmup_ramp": "linear",
+        "schedule": "cosine",
+        "milestones": [],
+        **kw,
+    }
 
 
 def test_cosine_schedule_endpoints_and_midpoint():
@@ -23,11 +31,13 @@ def test_cosine_schedule_endpoints_and_midpoint():
     assert learning_rate(train, 100, 10) == pytest.approx(0.0, abs=1e-12)
 
 
-def test_warmup_is_linear_then_cosine_starts_at_base():
+def test_warmup_is_linear_from_zero_then_cosine_starts_at_base():
     train = schedule(warmup_epochs=2)
     steps = [learning_rate(train, s, 10) for s in range(20)]
-    assert steps == pytest.approx([(s + 1) / 20 for s in range(20)])
+    assert steps == pytest.approx([s / 20 for s in range(20)])
     assert learning_rate(train, 20, 10) == pytest.approx(1.0)
+    steps = [learning_rate({**train, "warmup_ramp": "linspace"}, s, 10) for s in range(20)]
+    assert steps == pytest.approx([s / 19 for s in range(20)])  # numpy's linspace(0, 1, 20)
 
 
 def test_step_schedule_multiplies_by_tenth_at_milestones():

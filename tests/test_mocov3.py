@@ -101,7 +101,12 @@ def test_the_momentum_encoder_moves_by_exactly_the_scheduled_m(tmp_path, method_
     trainer = Trainer(METHODS_DIR / "mocov3", cfg, 0, tmp_path, device="cpu", progress=False)
     method, g = trainer.method, torch.Generator().manual_seed(0)
     weights, excluded = trainer.optimizer.param_groups  # LARS adapts the weights, not biases and norms
-    assert (weights["always_adapt"], excluded["always_adapt"], excluded["weight_decay"]) == (True, False, 0.0)
+    assert (weights["exclude_from_lars"], excluded["exclude_from_lars"], excluded["weight_decay"]) == (
+        False,
+        True,
+        0.0,
+    )
+    assert weights["trust_ratio"] == "update_norm"  # moco/optimizer.py: eta |w| / |g + wd w|
     for k in (0, 30):
         trainer.state.step = k
         idx = torch.randperm(len(trainer.labels), generator=g)[:64]

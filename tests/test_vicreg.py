@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR, hadamard_columns
-from timm.optim import Lars
 from torch import nn
 
 from sslbench.engine import Trainer
+from sslbench.loop import Lars
 from sslbench.losses import covariance_penalty, variance_hinge
 
 EPS = 1e-4  # main_vicreg.py: std = sqrt(Var + 0.0001)
@@ -126,6 +126,11 @@ def test_lars_adapts_the_weights_not_the_biases_and_norms_at_one_lr(trainer):
     weights, biases = optimizer.param_groups
     assert {id(p) for p in weights["params"]} == {id(p) for p in method.parameters() if p.ndim > 1}
     assert {id(p) for p in biases["params"]} == {id(p) for p in method.parameters() if p.ndim == 1}
-    assert (weights["weight_decay"], weights["always_adapt"], weights["trust_coeff"]) == (1e-6, True, 1e-3)
-    assert (biases["weight_decay"], biases["always_adapt"]) == (0.0, False)  # neither decayed nor adapted
+    assert (weights["weight_decay"], weights["exclude_from_lars"], weights["trust_coefficient"]) == (
+        1e-6,
+        False,
+        1e-3,
+    )
+    assert weights["trust_ratio"] == "update_norm"  # main_vicreg.py's LARS: eta |w| / |g + wd w|
+    assert (biases["weight_decay"], biases["exclude_from_lars"]) == (0.0, True)  # neither decayed nor adapted
     assert weights["base_lr"] == biases["base_lr"] == pytest.approx(0.1)  # --base-lr 0.2 x 128 / 256
