@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -578,10 +579,16 @@ def method_problems(
 
 
 def load_yaml(path: str | Path) -> dict:
+    """A YAML file's mapping (a copy: the caller may change it). A plan reads each method's
+    config.yaml several times: equal text is parsed once (by libyaml where it is installed)."""
     path = Path(path)
+    return copy.deepcopy(parsed_yaml(str(path), path.read_text()))
+
+
+@cache
+def parsed_yaml(path: str, text: str) -> dict:
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err}). Fix the syntax of this file.") from err
     if data is None:
