@@ -31,6 +31,7 @@ from . import datafiles
 from .datafiles import (  # noqa: F401  (DatasetError and the file lists are re-exported)
     CIFAR10_FILES,
     CIFAR100_FILES,
+    DIGITS_SPLIT_FILE,
     FASHION_MNIST_FILES,
     STL_FILES,
     VOC_SPLIT_FILES,
@@ -175,9 +176,6 @@ def _locate_or_download(spec: FileSpec, download: bool, fetch: Callable[[], None
 
 
 # --------------------------------------------------------------------------- digits
-
-
-DIGITS_SPLIT_FILE = Path(__file__).with_name("digits_split.txt")
 
 
 def _load_digits(root=None, download=False, image_size=None) -> Dataset:
@@ -667,7 +665,10 @@ def stratified_subset(dataset: Dataset, sizes: dict[str, int]) -> Dataset:
     for split, size in sizes.items():
         images = getattr(dataset, split)
         labels = images.labels.numpy()
-        if size >= len(labels):
+        if size > len(labels):  # the planner checks the sizes it can know before loading
+            too_large = datafiles.subset_too_large(dataset.name, split, size, len(labels))
+            raise DatasetError(f"{dataset.name}: `subset.{split}`: {too_large}")
+        if size == len(labels):
             continue
         keep, _ = train_test_split(np.arange(len(labels)), train_size=size, stratify=labels, random_state=0)
         splits[split] = images.subset(np.sort(keep))
