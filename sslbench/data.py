@@ -657,8 +657,6 @@ def load_data(cfg: dict) -> Dataset:
 def stratified_subset(dataset: Dataset, sizes: dict[str, int]) -> Dataset:
     """The same dataset with ``sizes[split]`` images of each named split (every class in proportion,
     a fixed draw: scikit-learn's stratified split with random_state 0), kept in their order."""
-    from sklearn.model_selection import train_test_split
-
     if dataset.multilabel:
         raise DatasetError(f"{dataset.name}: `subset` needs one class per image; this dataset is multi-label")
     splits = {}
@@ -670,6 +668,8 @@ def stratified_subset(dataset: Dataset, sizes: dict[str, int]) -> Dataset:
             raise DatasetError(f"{dataset.name}: `subset.{split}`: {too_large}")
         if size == len(labels):
             continue
+        from sklearn.model_selection import train_test_split  # a second's import: only to draw
+
         keep, _ = train_test_split(np.arange(len(labels)), train_size=size, stratify=labels, random_state=0)
         splits[split] = images.subset(np.sort(keep))
     return dataclasses.replace(dataset, **splits)
