@@ -8,9 +8,9 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from sslbench.config import (FEATURES_FILE, RESULT_FILE, RUN_DIR, ConfigError, code_param, load_config,
-                             maps_argument, method_problems, plan_runs, preflight, protocol_settings,
-                             selected_methods)
+from sslbench.config import (FEATURES_FILE, RESULT_FILE, RUN_DIR, ConfigError, code_param, config_sources,
+                             load_config, maps_argument, method_problems, plan_runs, preflight,
+                             protocol_settings, selected_methods)
 from sslbench.errors import expected_errors
 from sslbench.provenance import code_digest, tree_record
 
@@ -29,6 +29,7 @@ with expected_errors("sslbench"):
     # name the key and the file that set it.
     config.update(load_config(BASE / "config", workflow.overwrite_configfiles,
                               workflow.config_settings.config))
+    SOURCES = config_sources(BASE / "config", workflow.overwrite_configfiles, workflow.config_settings.config)
     METHODS = selected_methods(config, METHODS_DIR)
     # Broken method folders are caught here, before any training, and left out of the DAG. Unless
     # --keep-going is given, the run then stops before its first job (onstart); with it, the other
@@ -40,10 +41,13 @@ with expected_errors("sslbench"):
         print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)
         METHODS = [m for m in METHODS if m not in FAILED]
     # {(pretraining dataset, method label): the run's resolved settings}, each (pretraining dataset,
-    # protocol)'s evaluation targets, the datasets they load; variants, sweeps and targets checked here.
-    PLAN = plan_runs(config, METHODS_DIR, METHODS)
+    # protocol)'s evaluation targets, the datasets they load; every value a run takes is checked here
+    # (README "When something goes wrong"), errors naming the file (SOURCES) that set the key.
+    PLAN = plan_runs(config, METHODS_DIR, METHODS, sources=SOURCES)
     for label, why in PLAN.skipped.items():
         print(f"sslbench: skipping dataset {label} (datasets.{label}.optional):\n  {why}", file=sys.stderr)
+    for warning in PLAN.warnings:
+        print(f"sslbench: warning: {warning}", file=sys.stderr)
     LABEL_OF = {slug: label for label, slug in PLAN.slugs.items()}  # folder name -> method label
 
 

@@ -79,13 +79,14 @@ def cmd_collect(args) -> None:
 
 
 def cmd_status(args) -> None:
-    from .config import load_config, method_problems, plan_runs, selected_methods
+    from .config import config_sources, load_config, method_problems, plan_runs, selected_methods
     from .results import refresh_command, result_states
 
     config = load_config(args.config_dir, args.configfile)
     methods = selected_methods(config, args.methods)
     broken = method_problems(args.methods, methods)
-    plan = plan_runs(config, args.methods, [m for m in methods if m not in broken])
+    sources = config_sources(args.config_dir, args.configfile)
+    plan = plan_runs(config, args.methods, [m for m in methods if m not in broken], sources=sources)
     for label, why in {**plan.skipped, **{f"methods/{m}": p for m, p in broken.items()}}.items():
         print(f"left out: {label}: {why}")
     expected = plan.result_files(config["seeds"])

@@ -16,8 +16,9 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -50,14 +51,22 @@ def load_config(
     (snakemake's ``--config``), each merged over the last by ``deep_merge`` (snakemake's own rule
     for ``--configfile`` and ``--config``). Checked against ``config_dir/schema.yaml`` unless
     ``validate`` is false; an error names the key and the file (or --config) that set it."""
-    sources = [(str(f), load_yaml(f)) for f in (Path(config_dir) / DEFAULT_FILE, *map(Path, presets))]
-    sources.append((COMMAND_LINE, dict(overrides or {})))
+    sources = config_sources(config_dir, presets, overrides)
     merged: dict = {}
     for _, settings in sources:
         merged = deep_merge(merged, settings)
     if validate:
         validate_config(merged, Path(config_dir) / SCHEMA_FILE, sources)
     return merged
+
+
+def config_sources(
+    config_dir: str | Path, presets: Iterable[str | Path] = (), overrides: Mapping | None = None
+) -> list[tuple[str, dict]]:
+    """(file or COMMAND_LINE, its settings) of each source of the settings, in merge order: what an
+    error reads to name where a key was set (``plan_runs`` takes them for the same reason)."""
+    sources = [(str(f), load_yaml(f)) for f in (Path(config_dir) / DEFAULT_FILE, *map(Path, presets))]
+    return sources + [(COMMAND_LINE, dict(overrides or {}))]
 
 
 def dataset_label(cfg: dict) -> str:
@@ -72,6 +81,7 @@ RUN_DIR = RESULTS_DIR + "/{pretrain}/{method}/seed{seed}"
 FEATURES_FILE = RUN_DIR + "/features/{target}.npz"
 RESULT_FILE = RUN_DIR + "/eval/{target}/{protocol}.json"
 PRETRAIN_TARGET = "pretrain"  # in `targets`: each run's own pretraining dataset
+PROTOCOL_PACKAGE = "evaluation"  # evaluation/<protocol>.py
 MAX_SLUG_LENGTH = 120
 
 
@@ -84,6 +94,7 @@ class Plan:
     targets: dict[tuple[str, str], list[str]]  # (pretrain dataset, protocol): evaluation targets
     datasets: dict[str, dict]  # label: the dataset section a job loads (label included)
     skipped: dict[str, str] = field(default_factory=dict)  # optional dataset: why it is left out
+    warnings: list[str] = field(default_factory=list)  # settings that do nothing in this plan
 
     def result_files(self, seeds: Iterable[int]) -> list[str]:
         """Every result JSON the plan asks for."""
@@ -105,17 +116,24 @@ def resolve_runs(
 
 
 def plan_runs(
-    config: dict, methods_dir: str | Path, methods: Iterable[str], check_files: bool = True
+    config: dict,
+    methods_dir: str | Path,
+    methods: Iterable[str],
+    check_files: bool = True,
+    sources: Sequence[tuple[str, dict]] = (),
 ) -> Plan:
     """The runs, their evaluation targets and the datasets they need.
 
     A run is (pretraining dataset, method label, seed); its settings are resolved by
     ``resolve_method_config``, then a variant's settings (``variants``, ``sweeps``) on top. With
     ``check_files``, an ``optional`` dataset whose files are absent is left out (``Plan.skipped`` says
-    why and how to get it); a required one is checked by ``preflight`` before the first job.
+    why and how to get it); a required one is checked by ``preflight`` before the first job. Every
+    value a run takes is checked here (``check_method_values``, ``check_subsets``); ``sources``
+    (``config_sources``) let an error name the file that set the key.
     """
     from .datafiles import missing_files
 
+    methods = list(methods)
     datasets = {label: dict(section, label=label) for label, section in config["datasets"].items()}
     named = set(config["pretrain"]) | {
         name
@@ -136,21 +154,24 @@ def plan_runs(
             f"config key `pretrain`: unknown dataset(s) {unknown}; the datasets registered under "
             f"`datasets` are {sorted(datasets)}. Register it there or fix the name."
         )
-    for key in ("variants", "sweeps"):
-        unknown = [m for m in config.get(key) or {} if not (Path(methods_dir) / m).is_dir()]
-        if unknown:
-            raise ConfigError(
-                f"config key `{key}`: unknown method(s) {unknown}; the method folders under {methods_dir} "
-                f"are {list_method_folders(methods_dir)}"
-            )
+    if not pretrain:  # a run that can do nothing is no success
+        why = "\n".join(f"  {label}: {skipped[label]}" for label in config["pretrain"])
+        raise ConfigError(
+            f"config key `pretrain`{_where(['pretrain'], sources)}: every pretraining dataset is `optional` "
+            f"and absent, so nothing can run:\n{why}\nGet the files, or pretrain on a dataset that is there."
+        )
+    warnings = check_method_sections(config, methods_dir, methods, sources)
     targets = {
         (p, protocol): protocol_targets(config, protocol, p, datasets, skipped)
         for p in pretrain
         for protocol in config["protocols"]
     }
+    used = set(pretrain) | {t for labels in targets.values() for t in labels}
+    check_subsets({label: datasets[label] for label in sorted(used)}, sources)
     runs, slugs = {}, {}
     for method in methods:
-        for label, variant in method_variants(config, methods_dir, method).items():
+        check_method_values(config, methods_dir, method, sources)
+        for label, variant in method_variants(config, methods_dir, method, sources).items():
             slugs[label] = method_slug(label)
             for p in pretrain:
                 runs[p, label] = {
@@ -158,7 +179,57 @@ def plan_runs(
                     "method": label,
                 }
     check_slugs(slugs)
-    return Plan(runs, slugs, targets, {k: without_plan_keys(v) for k, v in datasets.items()}, skipped)
+    plan_datasets = {k: without_plan_keys(v) for k, v in datasets.items()}
+    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings)
+
+
+def check_method_sections(
+    config: dict, methods_dir: str | Path, methods: list[str], sources: list[tuple[str, dict]]
+) -> list[str]:
+    """`method_overrides`, `variants` and `sweeps` name method folders: an unknown one is an error; one
+    that this plan does not train is a warning (returned), since its settings then do nothing."""
+    warnings = []
+    for key in ("method_overrides", "variants", "sweeps"):
+        named = list(config.get(key) or {})
+        unknown = [m for m in named if not (Path(methods_dir) / m).is_dir()]
+        if unknown:
+            raise ConfigError(
+                f"config key `{key}`{_where([key, unknown[0]], sources)}: unknown method(s) {unknown}; the "
+                f"method folders under {methods_dir} are {list_method_folders(methods_dir)}. Fix the name "
+                "or remove the entry."
+            )
+        warnings += [
+            f"config key `{key}.{m}`{_where([key, m], sources)}: {m} is not among the methods this run "
+            f"plans ({methods}), so these settings do nothing; add it to `methods` or remove them"
+            for m in named
+            if m not in methods
+        ]
+    return warnings
+
+
+def check_subsets(datasets: dict[str, dict], sources: list[tuple[str, dict]]) -> None:
+    """A dataset's `subset` fits its splits, where their sizes are known before loading
+    (``datafiles.split_sizes``; the others are checked when the dataset is loaded)."""
+    from .datafiles import MULTILABEL_DATASETS, split_sizes, subset_too_large
+
+    for label, section in datasets.items():
+        subset = section.get("subset") or {}
+        if not subset:
+            continue
+        key = ["datasets", label, "subset"]
+        if section["name"] in MULTILABEL_DATASETS:
+            raise ConfigError(
+                f"config key `{_dotted(key)}`{_where(key, sources)}: {label} ({section['name']}) is "
+                "multi-label, and `subset` draws a fixed part of each class; remove it"
+            )
+        sizes = split_sizes(section)
+        for split, size in subset.items():
+            if sizes and size > sizes[split]:
+                where = _where([*key, split], sources)
+                raise ConfigError(
+                    f"config key `{_dotted([*key, split])}`{where}: "
+                    f"{subset_too_large(section['name'], split, size, sizes[split])}"
+                )
 
 
 def without_plan_keys(section: dict) -> dict:
@@ -196,6 +267,63 @@ def protocol_targets(config: dict, protocol: str, pretrain: str, datasets: dict,
     return out
 
 
+def protocol_defaults(protocol: str) -> dict[str, dict]:
+    """{name: value} of the module-level ``DEFAULTS`` (and ``<MODE>_DEFAULTS``, a mode's own, with its
+    `mode`) of evaluation/<protocol>.py, read from its source: sslbench loads a protocol only by name
+    to run it, and several import torch, which planning never does. The protocol's own code keeps the
+    one definition, so each must be a literal."""
+    from .provenance import module_file
+
+    path = module_file(f"{PROTOCOL_PACKAGE}.{protocol}")
+    return copy.deepcopy(module_defaults(str(path), path.read_text()))
+
+
+@cache
+def module_defaults(path: str, text: str) -> dict[str, dict]:
+    import ast
+
+    found = {}
+    for node in ast.parse(text, path).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        name = getattr(target, "id", "")
+        if name == "DEFAULTS" or name.endswith("_DEFAULTS"):
+            try:
+                found[name] = ast.literal_eval(node.value)
+            except ValueError:
+                raise ConfigError(
+                    f"{path}: {name} must be a literal (planning reads it unimported)"
+                ) from None
+    return found
+
+
+def protocol_problems(protocol: str, section: dict, sources: list[tuple[str, dict]]) -> list[str]:
+    """What is wrong with `evaluation.<protocol>`: a key its DEFAULTS lack, a value of another type
+    than its default's. A protocol with modes (linear's `mode: paper`, PAPER_DEFAULTS) takes a mode's
+    own keys, besides the default mode's (which that mode ignores)."""
+    literals = protocol_defaults(protocol)
+    defaults = literals["DEFAULTS"]
+    modes = {d["mode"]: d for d in literals.values() if "mode" in d}
+    mode = section.get("mode", defaults.get("mode"))
+    own = modes.get(mode, {}) if isinstance(mode, str) else {}
+    rules = {**defaults, **own, "targets": None}  # targets: the DAG's, checked by the schema
+    problems = []
+    for key, value in section.items():
+        path = ["evaluation", protocol, key]
+        if key not in rules:
+            problems.append(
+                f"unknown key `{_dotted(path)}`{_where(path, sources)}; known keys here: {sorted(rules)} "
+                f"(evaluation/{protocol}.py's DEFAULTS). Fix the spelling or remove it."
+            )
+            continue
+        schema = {"enum": sorted(modes)} if key == "mode" and modes else type_schema(rules[key])
+        for err in schema_validator(schema).iter_errors(value):
+            problems.append(
+                f"config key `{_dotted(path + list(err.absolute_path))}`{_where(path, sources)}: "
+                f"{err.message} (its default in evaluation/{protocol}.py: {rules[key]!r})"
+            )
+    return problems
+
+
 def protocol_settings(config: dict, protocol: str) -> dict:
     """A protocol's settings as the protocol takes them (`targets` is the DAG's, not the protocol's)."""
     section = config["evaluation"].get(protocol, {}) or {}
@@ -210,13 +338,16 @@ def maps_argument(protocol: str, seed: int | str, seeds: list[int]) -> str:
 # --------------------------------------------------------------------------- method variants
 
 
-def method_variants(config: dict, methods_dir: str | Path, method: str) -> dict[str, dict]:
+def method_variants(
+    config: dict, methods_dir: str | Path, method: str, sources: Sequence[tuple[str, dict]] = ()
+) -> dict[str, dict]:
     """{label: the variant's settings} of one method folder: the base (``{}``, labelled by the folder
     name), each entry of ``variants.<method>`` and one per value of ``sweeps.<method>``.
 
     A sweep value that resolves to the base's settings is the base run itself. Two explicit variants
-    (or one and the base) with the same settings, a sweep over a key the method lacks, or an empty list
-    of values are errors naming the key.
+    (or one and the base) with the same settings, a sweep over a key the method lacks, a value of the
+    wrong type or out of its range (``check_method_values``), or an empty list of values are errors
+    naming the key.
     """
     explicit = (config.get("variants") or {}).get(method) or []
     sweeps = (config.get("sweeps") or {}).get(method) or {}
@@ -229,28 +360,28 @@ def method_variants(config: dict, methods_dir: str | Path, method: str) -> dict[
         if not settings:
             raise ConfigError(f"config key `{where}`: a variant needs at least one setting besides `name`")
         label = f"{method}[{entry['name']}]" if "name" in entry else variant_label(method, settings)
-        add_variant(config, methods_dir, method, label, settings, where, seen, out, same_as_base_ok=False)
+        source = ["variants", method, i]
+        set_at = lambda path, source=source, where=where: (
+            f"config key `{where}.{_dotted(path)}`{_where(source + path, sources)}"
+        )
+        add_variant(config, methods_dir, method, label, settings, where, set_at, seen, out, False)
     for key, values in sweeps.items():
         where = f"sweeps.{method}.{key}"
         if not values:
             raise ConfigError(f"config key `{where}`: an empty list of values; give at least one value")
+        named = f"config key `{where}`{_where(['sweeps', method, key], sources)}"
         for value in values:
             settings = nest({key: value})
-            add_variant(
-                config,
-                methods_dir,
-                method,
-                variant_label(method, settings),
-                settings,
-                where,
-                seen,
-                out,
-                same_as_base_ok=True,
-            )
+            label = variant_label(method, settings)
+            set_at = lambda path, named=named: named
+            add_variant(config, methods_dir, method, label, settings, where, set_at, seen, out, True)
     return out
 
 
-def add_variant(config, methods_dir, method, label, settings, where, seen, out, same_as_base_ok) -> None:
+def add_variant(
+    config, methods_dir, method, label, settings, where, set_at, seen, out, same_as_base_ok
+) -> None:
+    check_layer(settings, Path(methods_dir) / method, set_at)
     try:
         resolved = resolve_method_config(config, methods_dir, method, settings)
     except ConfigError as err:
@@ -354,9 +485,8 @@ def list_method_folders(methods_dir: str | Path) -> list[str]:
 def validate_config(config: dict, schema_path: str | Path, sources: list[tuple[str, dict]]) -> None:
     """Check the merged config against config/schema.yaml; one error per problem, naming the key,
     where it was set (``sources``: (file or COMMAND_LINE, its settings), in merge order), what was
-    expected, and the known values where there is a list."""
-    import jsonschema
-
+    expected, and the known values where there is a list. A protocol's settings are checked against
+    its module's DEFAULTS (``protocol_problems``)."""
     if "dataset" in config:  # the one-dataset key of earlier versions
         raise ConfigError(
             f"config key `dataset`{_where(['dataset'], sources)}: datasets are now registered by label "
@@ -364,7 +494,7 @@ def validate_config(config: dict, schema_path: str | Path, sources: list[tuple[s
             "`pretrain: [<label>]` (see config/default.yaml); evaluation targets are `evaluation.targets`."
         )
     schema = load_yaml(schema_path)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = schema_validator(schema)
     problems = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         path = list(err.absolute_path)
@@ -389,6 +519,10 @@ def validate_config(config: dict, schema_path: str | Path, sources: list[tuple[s
                 " (--config reads every value inside a list or mapping as a string: put it in a --configfile)"
             )
         problems.append(f"config key `{_dotted(path)}`{where}: {err.message}{hint}")
+    if not problems:  # the schema says which protocols there are
+        for protocol, section in (config.get("evaluation") or {}).items():
+            if protocol != "targets" and isinstance(section, dict):
+                problems += protocol_problems(protocol, section, sources)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
@@ -578,10 +712,16 @@ def method_problems(
 
 
 def load_yaml(path: str | Path) -> dict:
+    """A YAML file's mapping (a copy: the caller may change it). A plan reads each method's
+    config.yaml several times: equal text is parsed once (by libyaml where it is installed)."""
     path = Path(path)
+    return copy.deepcopy(parsed_yaml(str(path), path.read_text()))
+
+
+@cache
+def parsed_yaml(path: str, text: str) -> dict:
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err}). Fix the syntax of this file.") from err
     if data is None:
@@ -671,3 +811,158 @@ def check_method_keys(settings: dict, own: dict, method: str, method_file: Path,
                 f"{named}{method} has no setting {key!r}; its settings (in {method_file}) are "
                 f"{sorted(own)} plus {list(METHOD_SECTIONS)}"
             )
+
+
+# --------------------------------------------------------------------------- the values of settings
+# One rule per setting, checked wherever it can be given, before any job: a training setting by
+# config/schema.yaml's `train` section (in the suite's `train`, a method's config.yaml, its
+# method_overrides, variants and sweeps alike); a method's own setting by the type of its value in
+# the method's config.yaml, under what its schema.yaml declares (a range, the values it takes, another
+# type); a protocol's by its module's DEFAULTS.
+METHOD_SCHEMA_FILE = "schema.yaml"  # in a method folder
+TYPE_KEYWORDS = ("type", "enum", "const")  # a declaration with one of these replaces the inferred type
+
+
+def schema_validator(schema: dict):
+    """A JSON-schema (draft 2020-12) validator whose integers are ints: 2.0 is no epoch count, and a
+    bool is no number. One per schema: a plan checks the same few rules many times."""
+    return compiled_validator(json.dumps(schema, sort_keys=True))
+
+
+@cache
+def compiled_validator(schema_json: str):
+    return validator_class()(json.loads(schema_json))
+
+
+@cache
+def validator_class():
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    strict = base.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    )
+    return jsonschema.validators.extend(base, type_checker=strict)
+
+
+def type_schema(value) -> dict:
+    """The JSON schema of a default's type: an int is an integer, a float any number, None anything;
+    a list's items have the type of its elements where they share one, a mapping's keys their own."""
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, float):
+        return {"type": "number"}
+    if isinstance(value, str):
+        return {"type": "string"}
+    if isinstance(value, list):
+        kinds = [type_schema(item) for item in value]
+        if kinds and all(k == kinds[0] for k in kinds):
+            return {"type": "array", "items": kinds[0]}
+        if kinds and all(k.get("type") in ("integer", "number") for k in kinds):
+            return {"type": "array", "items": {"type": "number"}}
+        return {"type": "array"}
+    if isinstance(value, dict):
+        return {"type": "object", "properties": {k: type_schema(v) for k, v in value.items()}}
+    return {}
+
+
+@cache
+def suite_schema() -> dict:
+    """config/schema.yaml of this checkout (what ``load_config`` validates the suite's settings with)."""
+    from .provenance import REPO
+
+    return load_yaml(REPO / "config" / SCHEMA_FILE)
+
+
+def train_schema() -> dict:
+    """The schema's `train` section as one layer of a run's settings gives it: any subset of its keys."""
+    return {k: v for k, v in suite_schema()["properties"]["train"].items() if k != "required"}
+
+
+def method_rules(folder: Path) -> dict[str, tuple[dict, str]]:
+    """{setting: (its JSON schema, where the schema comes from)} of a method folder: the type of the
+    setting's value in config.yaml, under the keywords the folder's schema.yaml declares for it."""
+    texts = tuple(
+        p.read_text() if p.is_file() else "" for p in (folder / "config.yaml", folder / METHOD_SCHEMA_FILE)
+    )
+    return cached_method_rules(folder, *texts)
+
+
+@cache
+def cached_method_rules(folder: Path, config_text: str, schema_text: str) -> dict[str, tuple[dict, str]]:
+    import jsonschema
+
+    config_file, schema_file = folder / "config.yaml", folder / METHOD_SCHEMA_FILE
+    own = parsed_yaml(str(config_file), config_text)
+    rules = {
+        k: (type_schema(v), f"the type of its value in {config_file} ({v!r})")
+        for k, v in own.items()
+        if k not in METHOD_SECTIONS
+    }
+    declared = parsed_yaml(str(schema_file), schema_text)
+    for key, keywords in declared.items():
+        if key not in rules or not isinstance(keywords, dict):
+            raise ConfigError(
+                f"{schema_file}: `{key}` must be one of the settings of {config_file} ({sorted(rules)}), "
+                "mapped to JSON-schema keywords (e.g. {exclusiveMinimum: 0})"
+            )
+        inferred, why = rules[key]
+        if set(TYPE_KEYWORDS) & set(keywords):
+            schema, why = keywords, f"{schema_file}'s {json.dumps(keywords)}"
+        else:
+            schema, why = deep_merge(inferred, keywords), f"{why} and {schema_file}'s {json.dumps(keywords)}"
+        try:
+            validator_class().check_schema(schema)
+        except jsonschema.SchemaError as err:
+            raise ConfigError(f"{schema_file}: `{key}`: not a JSON schema ({err.message})") from None
+        rules[key] = (schema, why)
+    return rules
+
+
+def check_method_values(
+    config: dict, methods_dir: str | Path, method: str, sources: Sequence[tuple[str, dict]] = ()
+) -> None:
+    """The values of a method's config.yaml and of its `method_overrides` follow their rules
+    (``check_layer``); a variant's are checked as it is added (``add_variant``)."""
+    folder = Path(methods_dir) / method
+    method_file = folder / "config.yaml"
+    own = load_yaml(method_file) if method_file.exists() else {}
+    check_layer(own, folder, lambda path: f"{method_file}: key `{_dotted(path)}`")
+    overrides = (config.get("method_overrides") or {}).get(method) or {}
+    source = ["method_overrides", method]
+    check_layer(
+        overrides,
+        folder,
+        lambda path: f"config key `{_dotted(source + path)}`{_where(source + path, sources)}",
+    )
+
+
+def check_layer(settings: dict, folder: Path, set_at) -> None:
+    """One layer of a method's settings (its config.yaml, an override, a variant): each training
+    setting follows config/schema.yaml's `train`, each of the method's own the rule of
+    ``method_rules``. ``set_at(path)`` names where the key at ``path`` was set. Unknown keys are left
+    to ``resolve_method_config``, which lists the known ones."""
+    rules = method_rules(folder)
+    train = settings.get("train")
+    if train is not None and not isinstance(train, dict):
+        raise ConfigError(f"{set_at(['train'])}: {train!r} is not a mapping of training settings")
+    if train:
+        schema = train_schema()
+        for err in schema_validator(schema).iter_errors(train):
+            if err.validator == "additionalProperties":
+                extra = sorted(set(err.instance) - set(schema["properties"]))
+                raise ConfigError(
+                    f"{set_at(['train', extra[0]])}: unknown training setting {extra[0]!r}; known: "
+                    f"{sorted(schema['properties'])}. Fix the spelling or remove it."
+                )
+            path = ["train", *err.absolute_path]
+            raise ConfigError(f"{set_at(path)}: {err.message} (config/{SCHEMA_FILE}'s rule for `train`)")
+    for key, value in settings.items():
+        if key not in rules:
+            continue
+        schema, why = rules[key]
+        for err in schema_validator(schema).iter_errors(value):
+            path = [key, *err.absolute_path]
+            raise ConfigError(f"{set_at(path)}: {err.message} ({folder.name}'s `{key}` takes {why})")

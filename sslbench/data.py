@@ -31,6 +31,7 @@ from . import datafiles
 from .datafiles import (  # noqa: F401  (DatasetError and the file lists are re-exported)
     CIFAR10_FILES,
     CIFAR100_FILES,
+    DIGITS_SPLIT_FILE,
     FASHION_MNIST_FILES,
     STL_FILES,
     VOC_SPLIT_FILES,
@@ -175,9 +176,6 @@ def _locate_or_download(spec: FileSpec, download: bool, fetch: Callable[[], None
 
 
 # --------------------------------------------------------------------------- digits
-
-
-DIGITS_SPLIT_FILE = Path(__file__).with_name("digits_split.txt")
 
 
 def _load_digits(root=None, download=False, image_size=None) -> Dataset:
@@ -659,16 +657,19 @@ def load_data(cfg: dict) -> Dataset:
 def stratified_subset(dataset: Dataset, sizes: dict[str, int]) -> Dataset:
     """The same dataset with ``sizes[split]`` images of each named split (every class in proportion,
     a fixed draw: scikit-learn's stratified split with random_state 0), kept in their order."""
-    from sklearn.model_selection import train_test_split
-
     if dataset.multilabel:
         raise DatasetError(f"{dataset.name}: `subset` needs one class per image; this dataset is multi-label")
     splits = {}
     for split, size in sizes.items():
         images = getattr(dataset, split)
         labels = images.labels.numpy()
-        if size >= len(labels):
+        if size > len(labels):  # the planner checks the sizes it can know before loading
+            too_large = datafiles.subset_too_large(dataset.name, split, size, len(labels))
+            raise DatasetError(f"{dataset.name}: `subset.{split}`: {too_large}")
+        if size == len(labels):
             continue
+        from sklearn.model_selection import train_test_split  # a second's import: only to draw
+
         keep, _ = train_test_split(np.arange(len(labels)), train_size=size, stratify=labels, random_state=0)
         splits[split] = images.subset(np.sort(keep))
     return dataclasses.replace(dataset, **splits)

@@ -7,7 +7,9 @@ and a required one stops the run. ``sslbench.data`` parses the files ``locate`` 
 
 from __future__ import annotations
 
+import gzip
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,9 @@ CIFAR10_FILES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["te
 CIFAR100_FILES = {"train": ["train"], "test": ["test"]}
 STL_FILES = ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin"]
 VOC_SPLIT_FILES = {"train": "ImageSets/Main/trainval.txt", "test": "ImageSets/Main/test.txt"}
+# The rows of scikit-learn's digits in each split (sslbench.data reads the images by them).
+DIGITS_SPLIT_FILE = Path(__file__).with_name("digits_split.txt")
+CIFAR_SPLIT_SIZES = {"train": 50000, "test": 10000}  # CIFAR-10's and CIFAR-100's python batches
 
 
 @dataclass
@@ -163,3 +168,42 @@ def missing_files(section: dict) -> str | None:
     except DatasetError as err:
         return str(err)
     return None
+
+
+def split_sizes(section: dict) -> dict[str, int] | None:
+    """{split: images} of a config's dataset section, read without loading the images: digits' split
+    file, the IDX label headers (Fashion-MNIST), the label files' sizes (STL-10: a byte per label),
+    the CIFAR batches' fixed sizes. None where the files are absent (``missing_files`` says so) or only
+    reading the folders would tell (imagefolder, voc07)."""
+    name = section["name"]
+    if name == "digits":
+        lines = [line for line in DIGITS_SPLIT_FILE.read_text().splitlines() if not line.startswith("#")]
+        return {"train": len(lines[0].split()), "test": len(lines[1].split())}
+    if name in ("cifar10", "cifar100"):
+        return dict(CIFAR_SPLIT_SIZES)
+    if name not in ("fashion_mnist", "stl10") or missing_files(section) is not None:
+        return None
+    found = locate(FILE_SPECS[name](root=section.get("root"), **section.get("options", {})))
+    if name == "stl10":
+        return {split: found[f"{split}_y.bin"].stat().st_size for split in ("train", "test")}
+    sizes = {}
+    for split, key in (("train", "train_labels"), ("test", "test_labels")):
+        path = found[FASHION_MNIST_FILES[key]]
+        try:
+            with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+                header = f.read(8)
+        except (OSError, EOFError):
+            return None  # a damaged file: loading it says so
+        if len(header) < 8 or header[:4] != b"\x00\x00\x08\x01":
+            return None
+        sizes[split] = struct.unpack(">I", header[4:])[0]
+    return sizes
+
+
+def subset_too_large(name: str, split: str, size: int, available: int) -> str:
+    """What a `subset` larger than its split is told: by the planner where the split's size is known
+    before loading (``split_sizes``), else when the dataset is loaded."""
+    return (
+        f"{size} is more than the {available} images of the {split} split of {name}; give at most "
+        f"{available}, or remove `subset.{split}` to keep the whole split"
+    )

@@ -20,11 +20,9 @@ from pathlib import Path
 import pandas as pd
 
 from . import atomic
-from .config import RESULT_FILE, RESULTS_DIR
+from .config import PROTOCOL_PACKAGE, RESULT_FILE, RESULTS_DIR
 from .errors import SslbenchError, unreadable
 from .provenance import changed_files, code_digest, code_record, provenance
-
-PROTOCOL_PACKAGE = "evaluation"
 
 # Columns first in the table; the rest follow in alphabetical order.
 KEY_COLUMNS = [

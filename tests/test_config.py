@@ -162,7 +162,11 @@ def test_a_variant_folder_name_is_found_by_glob_and_by_snakemake_as_itself(tmp_p
             "sweeps.simclr.temprature",
             ["no setting 'temprature'"],
         ),
-        ({"sweeps": {"simclr": {"train.lrr": [0.1]}}}, "sweeps.simclr.train.lrr", ["unknown key(s) ['lrr']"]),
+        (
+            {"sweeps": {"simclr": {"train.lrr": [0.1]}}},
+            "sweeps.simclr.train.lrr",
+            ["unknown training setting 'lrr'"],
+        ),
         ({"sweeps": {"simclr": {"temperature": []}}}, "sweeps.simclr.temperature", ["empty list"]),
         ({"sweeps": {"mocoo": {"temperature": [0.1]}}}, "sweeps", ["mocoo", "simclr"]),
         (

@@ -67,14 +67,17 @@ def test_every_repository_method_folder_is_sound():
 
 CHECK_TWICE = """
 import json, sys
-from sslbench.config import method_problems
+from sslbench.config import config_sources, load_config, method_problems, plan_runs
 problems = method_problems(sys.argv[1], checked=sys.argv[2])
+if not problems:  # the rest of the plan, every setting's check included
+    plan_runs(load_config("config"), sys.argv[1], ["moco"], sources=config_sources("config"))
 print(json.dumps({"problems": problems, "torch": "torch" in sys.modules}))
 """
 
 
 def test_a_sound_folder_is_imported_once_until_its_code_or_paper_changes(tmp_path):
-    """Planning an unchanged DAG imports no method (and so no torch); an edit brings the check back."""
+    """Planning an unchanged DAG imports no method (and so no torch), nor do the checks of its
+    settings; an edit brings the check of the folder back."""
     import json
     import shutil
     import subprocess
