@@ -31,7 +31,6 @@ from . import datafiles
 from .datafiles import (  # noqa: F401  (DatasetError and the file lists are re-exported)
     CIFAR10_FILES,
     CIFAR100_FILES,
-    DIGITS_SPLIT_FILE,
     FASHION_MNIST_FILES,
     STL_FILES,
     VOC_SPLIT_FILES,
@@ -195,8 +194,8 @@ def _load_digits(root=None, download=False, image_size=None) -> Dataset:
         rows = np.loadtxt(f, delimiter=",")  # 64 pixels (0..16) and the label per row
     images = np.rint(rows[:, :-1].reshape(-1, 1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
     labels = rows[:, -1].astype(np.int64)
-    lines = [line for line in DIGITS_SPLIT_FILE.read_text().splitlines() if not line.startswith("#")]
-    train, test = (np.array(line.split(), dtype=np.int64) for line in lines)
+    split = datafiles.digits_split()
+    train, test = (np.array(split[name], dtype=np.int64) for name in ("train", "test"))
     return Dataset(
         name="digits",
         train=_in_memory(images[train], labels[train]),

@@ -170,6 +170,13 @@ def missing_files(section: dict) -> str | None:
     return None
 
 
+def digits_split() -> dict[str, list[int]]:
+    """{split: the rows of scikit-learn's digits in it}, as DIGITS_SPLIT_FILE stores them (train's line,
+    then test's, after the comments)."""
+    lines = [line for line in DIGITS_SPLIT_FILE.read_text().splitlines() if not line.startswith("#")]
+    return {split: [int(row) for row in line.split()] for split, line in zip(("train", "test"), lines)}
+
+
 def split_sizes(section: dict) -> dict[str, int] | None:
     """{split: images} of a config's dataset section, read without loading the images: digits' split
     file, the IDX label headers (Fashion-MNIST), the label files' sizes (STL-10: a byte per label),
@@ -177,8 +184,7 @@ def split_sizes(section: dict) -> dict[str, int] | None:
     reading the folders would tell (imagefolder, voc07)."""
     name = section["name"]
     if name == "digits":
-        lines = [line for line in DIGITS_SPLIT_FILE.read_text().splitlines() if not line.startswith("#")]
-        return {"train": len(lines[0].split()), "test": len(lines[1].split())}
+        return {split: len(rows) for split, rows in digits_split().items()}
     if name in ("cifar10", "cifar100"):
         return dict(CIFAR_SPLIT_SIZES)
     if name not in ("fashion_mnist", "stl10") or missing_files(section) is not None:
