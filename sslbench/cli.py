@@ -12,6 +12,7 @@ import json
 import os
 import sys
 
+from . import kernels
 from .errors import expected_errors
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -216,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--quiet", action="store_true")
 
     args = parser.parse_args(argv)
-    _threads(args.threads)
     with expected_errors(f"sslbench {args.command}"):  # other exceptions are bugs: their traceback stays
+        _threads(args.threads)
+        kernels.pin()  # before torch, numpy or faiss load: each reads its variables then
         args.func(args)
     return 0
 

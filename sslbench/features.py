@@ -116,7 +116,8 @@ def extract(
             **ckpt["meta"],
             "cfg": ckpt["cfg"],
             "eval": record,
-            "extract_device": provenance(dev)["device"],
+            "extract_device": (extracted_with := provenance(dev))["device"],
+            "extract_cpu_kernels": extracted_with["cpu_kernels"],
             "code_extract": code_record("extract"),
         },
     }

@@ -59,7 +59,14 @@ def device_name(device) -> str:
 
 
 def provenance(device) -> dict:
-    return {**git_state(), "versions": package_versions(), "device": device_name(device)}
+    from .kernels import record
+
+    return {
+        **git_state(),
+        "versions": package_versions(),
+        "device": device_name(device),
+        "cpu_kernels": record(),
+    }
 
 
 # --------------------------------------------------------------------------- code fingerprints

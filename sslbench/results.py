@@ -16,13 +16,15 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from . import atomic
 from .config import PROTOCOL_PACKAGE, RESULT_FILE, RESULTS_DIR
 from .errors import SslbenchError, unreadable
 from .provenance import changed_files, code_digest, code_record, provenance
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Columns first in the table; the rest follow in alphabetical order.
 KEY_COLUMNS = [
@@ -147,6 +149,8 @@ def result_rows(result: dict, methods_dir: str | Path | None = None) -> list[dic
         "train_wall_time_s": run["train_wall_time_s"],
         "images_per_s": run["images_per_s"],
         "device": run["device"],
+        # the CPU kernels training ran (sslbench.kernels); absent from results written before they were pinned
+        "cpu_kernels": json.dumps(run.get("cpu_kernels"), sort_keys=True),
         "git_commit": run["git_commit"],
         "git_dirty": run["git_dirty"],
         **{f"version_{k}": v for k, v in run["versions"].items()},
@@ -190,6 +194,8 @@ def collect(
 ) -> pd.DataFrame:
     """``table.csv`` from ``result_paths`` and, with ``results_dir``, every other result JSON under
     it: a second configuration adds its rows and never removes the first one's."""
+    import pandas as pd  # here, not at the top: an evaluate job imports this module too
+
     found = [*result_paths, *(result_files(results_dir) if results_dir else [])]
     paths = {Path(p).resolve(): p for p in found}  # one read per file, however it was named
     rows = [row for key in sorted(paths) for row in read_result_rows(paths[key], methods_dir)]
@@ -203,6 +209,8 @@ def collect(
 
 def write_failures(path: str | Path, failed: dict[str, str]) -> Path:
     """``results/failures.csv``: the method folders skipped (with --keep-going) and why."""
+    import pandas as pd
+
     frame = pd.DataFrame(sorted(failed.items()), columns=["method", "problem"])
     return atomic.write_text(path, frame.to_csv(index=False))
 
