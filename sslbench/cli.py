@@ -127,6 +127,7 @@ def cmd_bench(args) -> None:
         threads=args.threads,
         methods=args.methods,
         device=args.device,
+        dag_results=args.dag_results,
         verbose=not args.quiet,
         pin_malloc=True,
     )
@@ -209,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="sizes / 10, fewer repeats")
     p.add_argument("--config", default=None, help="a preset merged over config/default.yaml")
     p.add_argument("--methods", nargs="+", default=None)
+    p.add_argument(
+        "--dag-results",
+        default=None,
+        help="with --sections dag: tabulate the run already made in this folder (where results/ is)",
+    )
     p.set_defaults(func=cmd_bench)
 
     for p in sub.choices.values():

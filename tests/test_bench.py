@@ -303,3 +303,33 @@ def test_stage_costs_sum_each_stage_and_name_transfer_targets_apart(tmp_path):
     assert stages["share"].sum() == pytest.approx(1.0) and stages.loc["pretrain", "share"] == pytest.approx(
         80 / 116
     )
+    assert stages.loc["pretrain", ["median_s", "max_s"]].tolist() == [40.0, 50.0]
+    assert stages.loc["linear", ["median_s", "max_s"]].tolist() == [7.0, 8.0]
+
+
+def test_bench_dag_tabulates_a_finished_run_and_says_when_there_is_none(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for seed, wall in enumerate([1.0, 2.0, 6.0]):
+        path = tmp_path / "results" / "digits" / "knnonly" / f"seed{seed}" / "benchmarks" / "digits_knn.tsv"
+        path.parent.mkdir(parents=True)
+        path.write_text(header + f"{wall}\t0:00:01\t1\t1\t1\t1\t0\t0\t90\t{wall}\n")
+
+    def bench(folder):
+        command = [sys.executable, "-m", "sslbench.cli", "bench", "--sections", "dag", "--quiet"]
+        command += ["--dag-results", str(folder), "--out", str(tmp_path / "bench.csv")]
+        repo = Path(__file__).resolve().parent.parent
+        return subprocess.run(command, cwd=repo, capture_output=True, text=True)
+
+    done = bench(tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_csv(tmp_path / "bench.csv").set_index("name")["value"]
+    assert rows["stage knn"] == 9.0
+    assert rows["stage knn median job"] == 2.0 and rows["stage knn slowest job"] == 6.0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = bench(empty)
+    assert done.returncode != 0 and "no Snakemake benchmark files" in done.stderr
+    assert str(empty) in done.stderr and "Traceback" not in done.stderr

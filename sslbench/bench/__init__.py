@@ -21,8 +21,9 @@ repeats. Sections (``run_bench(sections=...)``):
 - memory:   peak RSS of one (method, seed)'s jobs, pretrain, extract and every protocol, as
             snakemake plans them from the Snakefile, each run alone in a child process, against
             the memory each job declares (config ``resources``).
-- dag:      the default DAG's wall time from a clean folder (real snakemake) and a no-op rerun.
-            Slow (minutes): only when asked.
+- dag:      the default DAG's wall time from a clean folder (real snakemake), a no-op rerun and,
+            per stage, the jobs' summed, median and slowest wall time. Slow (minutes): only when
+            asked. With ``dag_results`` (a folder a DAG ran in), only that run's stage rows.
 
 Every row is written to ``results/bench.csv`` (atomically) with the device, thread count,
 git commit and load average it was measured under.
@@ -87,6 +88,7 @@ def run_bench(
     sizes: Sizes | None = None,
     repeats: Repeats | None = None,
     seed: int = 0,
+    dag_results: str | Path | None = None,
     verbose: bool = True,
     pin_malloc: bool = False,
 ) -> pd.DataFrame:
@@ -118,6 +120,7 @@ def run_bench(
             seed,
             Path(tmp),
             quick,
+            Path(dag_results) if dag_results is not None else None,
         )
         for section in sections:
             if verbose:

@@ -98,6 +98,7 @@ class Bench:
     seed: int
     workdir: Path
     quick: bool
+    dag_results: Path | None = None  # dag: tabulate the run already made in this folder instead
 
 
 def pin_malloc_thresholds() -> str:

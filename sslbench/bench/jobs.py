@@ -178,8 +178,10 @@ def stage_costs(jobs: pd.DataFrame) -> pd.DataFrame:
         path = Path(file)
         return path.stem.removeprefix(f"{path.parts[-5]}_")  # parts[-5]: the pretraining dataset
 
-    stages = jobs.assign(stage=jobs["file"].map(stage)).groupby("stage")["s"].agg(["count", "sum"])
-    stages = stages.rename(columns={"count": "jobs", "sum": "wall_s"}).sort_values("wall_s", ascending=False)
+    grouped = jobs.assign(stage=jobs["file"].map(stage)).groupby("stage")["s"]
+    stages = grouped.agg(["count", "sum", "median", "max"])
+    stages = stages.rename(columns={"count": "jobs", "sum": "wall_s", "median": "median_s", "max": "max_s"})
+    stages = stages.sort_values("wall_s", ascending=False)
     return stages.assign(
         share=stages["wall_s"] / stages["wall_s"].sum(), per_job_s=stages["wall_s"] / stages["jobs"]
     )
@@ -211,7 +213,32 @@ def snakemake_command(bench: Bench, directory: Path, *presets: Path, target: str
     return command + (["--configfile", *map(str, files)] if files else [])
 
 
+def stage_rows(folder: Path) -> list[dict]:
+    """The ``stage ...`` rows of a run's results folder: per stage, the jobs' summed wall time and
+    the median and slowest job (each job's start-up included), from its Snakemake benchmark files."""
+    jobs = snakemake_benchmarks(folder)
+    if jobs.empty:
+        raise ConfigError(
+            f"{folder}: no Snakemake benchmark files (results/<dataset>/<method>/seed<s>/benchmarks/*.tsv) "
+            "under it; give the folder a DAG ran in (the one holding results/)"
+        )
+    rows = []
+    for stage, cost in stage_costs(jobs).iterrows():
+        how = f"{int(cost['jobs'])} jobs (Snakemake benchmark files; jobs ran side by side, one per core)"
+        rows += [
+            row("dag", f"stage {stage}", float(cost["wall_s"]), "s",
+                notes=f"{how}: summed wall time, {cost['share']:.0%} of all jobs'"),
+            row("dag", f"stage {stage} median job", float(cost["median_s"]), "s", notes=how),
+            row("dag", f"stage {stage} slowest job", float(cost["max_s"]), "s", notes=how),
+        ]
+    return rows
+
+
 def bench_dag(bench: Bench) -> list[dict]:
+    """The default DAG run from a clean folder, then a no-op rerun; with ``bench.dag_results``, only
+    the stage rows of a run already made there (the README's timed run, say)."""
+    if bench.dag_results is not None:
+        return stage_rows(Path(bench.dag_results))
     directory = bench.workdir / "dag"
     directory.mkdir(parents=True, exist_ok=True)
     command = snakemake_command(bench, directory)
@@ -238,39 +265,17 @@ def bench_dag(bench: Bench) -> list[dict]:
             "MiB",
             notes="peak RSS of the largest process in the run (getrusage of snakemake's process tree)",
         ),
+        *stage_rows(directory),
     ]
-    if jobs.empty:
+    for _, job in jobs.iterrows():
         rows.append(
             row(
                 "dag",
-                "peak memory per job",
-                None,
+                f"job {job['file']}",
+                float(job["max_rss"]),
                 "MiB",
-                notes="not measured: the Snakefile has no `benchmark:` directives (add "
-                "`benchmark: RUN + '/benchmarks/<rule>.tsv'` to pretrain, extract, evaluate)",
+                notes=f"wall {float(job['s']):.1f} s (Snakemake benchmark file)",
             )
         )
-    else:
-        for stage, cost in stage_costs(jobs).iterrows():
-            rows.append(
-                row(
-                    "dag",
-                    f"stage {stage}",
-                    float(cost["wall_s"]),
-                    "s",
-                    notes=f"{int(cost['jobs'])} jobs, {cost['per_job_s']:.1f} s each, {cost['share']:.0%} "
-                    "of the jobs' summed wall time (Snakemake benchmark files)",
-                )
-            )
-        for _, job in jobs.iterrows():
-            rows.append(
-                row(
-                    "dag",
-                    f"job {job['file']}",
-                    float(job["max_rss"]),
-                    "MiB",
-                    notes=f"wall {float(job['s']):.1f} s (Snakemake benchmark file)",
-                )
-            )
     shutil.rmtree(directory, ignore_errors=True)
     return rows
