@@ -1,10 +1,12 @@
 """Linear probe on cached frozen features.
 
-Mode "cached": features standardised with train statistics; a linear layer (multinomial
-logistic regression) fitted full-batch with L-BFGS by torch on the features' device, from
-zero weights, so the fit is deterministic. The weight decay is chosen from a small grid by
-top-1 on a held-out stratified 20% of the train split (never the test split); the probe is
-then refitted on the whole train split with the chosen value and scored on the test split.
+Mode "cached" runs in numpy and scipy on the CPU (no torch): features standardised with the train
+mean and std; a multinomial logistic regression (mean cross-entropy + weight_decay / 2 * ||W||^2,
+bias unpenalised) fitted full-batch in float64 by scipy's L-BFGS-B with the analytic gradient, from
+zero weights, so the fit is deterministic. The weight decay is chosen from a small grid by top-1 on
+a held-out stratified 20% of the train split (never the test split); the probe is then refitted on
+the whole train split with the chosen value and scored on the test split. The `device` setting is
+accepted (presets may set it) and has no effect here.
 
 Mode "paper" (MoCo's main_lincls.py recipe, also PCL's; needs the checkpoint and the images):
 the backbone is frozen in eval mode, so neither its weights nor its batch-norm statistics
@@ -14,20 +16,21 @@ features, initialised N(0, 0.01) with zero bias, with SGD (lr 30, momentum 0.9, 
 batch 256) for 100 epochs, the lr x0.1 at epochs 60 and 80. Top-1/top-5 on the test split use
 the evaluation transform. There is no held-out choice here: the recipe's values are used as given.
 Settings merged from a config that also holds the cached mode's keys (weight_decay_grid, ...)
-are accepted and ignored in paper mode (listed in `ignored_settings`).
+are accepted and ignored in paper mode (listed in `ignored_settings`). This mode runs torch,
+imported inside its functions so that a cached-mode job never loads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-
-from sslbench.loop import fit_classifier, make_optimizer
 
 from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy, unpack_features
+
+if TYPE_CHECKING:  # annotations only
+    import torch
 
 PROTOCOL = "linear"
 NEEDS_CHECKPOINT = True  # mode "paper" reads the checkpoint; mode "cached" ignores it
@@ -35,8 +38,8 @@ DEFAULTS: dict = {
     "mode": "cached",
     "weight_decay_grid": [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1],
     "val_fraction": 0.2,
-    "max_iter": 300,  # L-BFGS iterations per fit
-    "device": None,  # None: the train features' device
+    "max_iter": 300,  # L-BFGS-B iterations per fit
+    "device": None,  # accepted and unused: the cached mode runs on the CPU
 }
 PAPER_DEFAULTS: dict = {  # facebookresearch/moco main_lincls.py
     "mode": "paper",
@@ -50,7 +53,10 @@ PAPER_DEFAULTS: dict = {  # facebookresearch/moco main_lincls.py
     "eval_batch_size": 1024,
     "device": None,  # None: CUDA if available, else CPU
 }
-CHUNK_ROWS = 65536  # rows per forward/backward chunk: bounds memory on large splits
+CHUNK_ROWS = 65536  # rows per float64 logits chunk: bounds memory on large splits
+GTOL = 1e-7  # stop when every gradient component is below this (1e-6 stops small-decay fits early)
+FTOL = 1e-12  # ... or when the loss falls by less than this fraction in an iteration
+HISTORY = 20  # L-BFGS-B memory (pairs of steps and gradient changes)
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,53 +72,65 @@ def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[
     return np.sort(np.concatenate(fit)), np.sort(np.concatenate(val))
 
 
-def standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
-    """Every matrix shifted and scaled by the train mean and std (constant columns: std 1)."""
-    mean, std = train.mean(0), train.std(0)
-    std = torch.where(std > 1e-8, std, torch.ones_like(std))
-    return [(x - mean) / std for x in (train, *others)]
+def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Every matrix shifted and scaled by the train mean and std (ddof 1; constant columns: std 1).
+    The statistics are summed in float64 and applied in each matrix's own precision, so float32
+    features stay float32 (half the memory; the fit promotes them chunk by chunk)."""
+    mean, std = train.mean(0, dtype=np.float64), train.std(0, ddof=1, dtype=np.float64)
+    std = np.where(std > 1e-8, std, 1.0)
+    return [(x - mean.astype(x.dtype)) / std.astype(x.dtype) for x in (train, *others)]
+
+
+def loss_and_gradient(
+    params: np.ndarray, x: np.ndarray, y: np.ndarray, num_classes: int, weight_decay: float
+) -> tuple[float, np.ndarray]:
+    """Mean cross-entropy + weight_decay / 2 * ||W||^2 at params = [W (C x D) flattened, b (C)],
+    and its gradient [(softmax - onehot)^T X / n + weight_decay * W, sum(softmax - onehot) / n]."""
+    n, dim = x.shape
+    weight, bias = params[: num_classes * dim].reshape(num_classes, dim), params[num_classes * dim :]
+    total, grad_w, grad_b = 0.0, np.zeros_like(weight), np.zeros_like(bias)
+    for start in range(0, n, CHUNK_ROWS):
+        xc = x[start : start + CHUNK_ROWS].astype(np.float64, copy=False)
+        rows, yc = np.arange(len(xc)), y[start : start + CHUNK_ROWS]
+        logits = xc @ weight.T + bias
+        logits -= logits.max(1, keepdims=True)  # exp cannot overflow
+        log_norm = np.log(np.exp(logits).sum(1))
+        total += float((log_norm - logits[rows, yc]).sum())
+        residual = np.exp(logits - log_norm[:, None])  # softmax ...
+        residual[rows, yc] -= 1.0  # ... minus onehot
+        grad_w += residual.T @ xc
+        grad_b += residual.sum(0)
+    loss = total / n + 0.5 * weight_decay * float(np.sum(weight * weight))
+    return loss, np.concatenate([(grad_w / n + weight_decay * weight).ravel(), grad_b / n])
 
 
 def fit_linear(
-    x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay: float, max_iter: int
-) -> torch.nn.Linear:
-    """Minimise mean cross-entropy + weight_decay / 2 * ||W||^2 (bias unpenalised) with L-BFGS."""
-    layer = torch.nn.Linear(x.shape[1], num_classes).to(device=x.device, dtype=x.dtype)
-    torch.nn.init.zeros_(layer.weight)
-    torch.nn.init.zeros_(layer.bias)
-    optimiser = torch.optim.LBFGS(
-        layer.parameters(),
-        lr=1.0,
-        max_iter=max_iter,
-        history_size=20,
-        tolerance_grad=1e-7,
-        tolerance_change=1e-10,
-        line_search_fn="strong_wolfe",
+    x: np.ndarray, y: np.ndarray, num_classes: int, weight_decay: float, max_iter: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(W [C, D], b [C]) minimising `loss_and_gradient` by L-BFGS-B from zero, in float64."""
+    from scipy.optimize import minimize  # here, not at import: paper mode and semisup never fit this
+
+    dim = x.shape[1]
+    result = minimize(
+        loss_and_gradient,
+        np.zeros(num_classes * (dim + 1)),
+        args=(x, np.asarray(y, dtype=np.int64), num_classes, float(weight_decay)),
+        method="L-BFGS-B",
+        jac=True,
+        options={"maxiter": max_iter, "gtol": GTOL, "ftol": FTOL, "maxcor": HISTORY},
     )
-
-    def closure():
-        optimiser.zero_grad()
-        total = 0.0
-        for start in range(0, len(x), CHUNK_ROWS):  # gradient accumulation over row chunks
-            logits = layer(x[start : start + CHUNK_ROWS])
-            loss = F.cross_entropy(logits, y[start : start + CHUNK_ROWS], reduction="sum") / len(x)
-            loss.backward()
-            total += loss.item()
-        penalty = 0.5 * weight_decay * layer.weight.pow(2).sum()
-        penalty.backward()
-        return torch.tensor(total + penalty.item(), dtype=torch.float64)  # full precision for the line search
-
-    optimiser.step(closure)
-    return layer
+    return result.x[: num_classes * dim].reshape(num_classes, dim), result.x[num_classes * dim :]
 
 
-@torch.no_grad()
-def predict(layer: torch.nn.Linear, x: torch.Tensor) -> np.ndarray:
-    return torch.cat([layer(x[s : s + CHUNK_ROWS]) for s in range(0, len(x), CHUNK_ROWS)]).cpu().numpy()
+def predict(probe: tuple[np.ndarray, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Logits [N, C] in float64, row chunk by row chunk."""
+    weight, bias = probe
+    chunks = (x[s : s + CHUNK_ROWS].astype(np.float64, copy=False) for s in range(0, len(x), CHUNK_ROWS))
+    return np.concatenate([chunk @ weight.T + bias for chunk in chunks])
 
 
 def select_weight_decay(
-    train: torch.Tensor, labels: np.ndarray, num_classes: int, used: dict, seed: int
+    train: np.ndarray, labels: np.ndarray, num_classes: int, used: dict, seed: int
 ) -> tuple[float, list[float]]:
     """The grid value with the best held-out top-1 (ties: the larger, more regularised value).
 
@@ -124,11 +142,10 @@ def select_weight_decay(
             "linear: no class has 2 train samples, so no held-out part can choose weight decay"
         )
     fit_x, val_x = standardise(train[fit_idx], train[val_idx])
-    fit_y = torch.as_tensor(labels[fit_idx], device=train.device)
     val_top1 = []
     for weight_decay in used["weight_decay_grid"]:
-        layer = fit_linear(fit_x, fit_y, num_classes, float(weight_decay), used["max_iter"])
-        val_top1.append(topk_accuracy(predict(layer, val_x), labels[val_idx], ks=(1,))[1])
+        probe = fit_linear(fit_x, labels[fit_idx], num_classes, float(weight_decay), used["max_iter"])
+        val_top1.append(topk_accuracy(predict(probe, val_x), labels[val_idx], ks=(1,))[1])
     best = max(range(len(val_top1)), key=lambda i: (val_top1[i], used["weight_decay_grid"][i]))
     return float(used["weight_decay_grid"][best]), val_top1
 
@@ -146,27 +163,17 @@ def evaluate(
     used["weight_decay_grid"] = sorted(float(w) for w in used["weight_decay_grid"])
 
     data = unpack_features(features)
-    device = torch.device(used["device"] or getattr(features["train"], "device", "cpu"))
-    train = torch.as_tensor(data["train"], device=device)
-    test = torch.as_tensor(data["test"], device=device)
     num_classes = data["num_classes"]
-
-    weight_decay, val_top1 = select_weight_decay(train, data["train_labels"], num_classes, used, seed)
-    train_x, test_x = standardise(train, test)
-    layer = fit_linear(
-        train_x,
-        torch.as_tensor(data["train_labels"], device=device),
-        num_classes,
-        weight_decay,
-        used["max_iter"],
-    )
-    accuracy = topk_accuracy(predict(layer, test_x), data["test_labels"], ks=(1, 5))
+    weight_decay, val_top1 = select_weight_decay(data["train"], data["train_labels"], num_classes, used, seed)
+    train_x, test_x = standardise(data["train"], data["test"])
+    probe = fit_linear(train_x, data["train_labels"], num_classes, weight_decay, used["max_iter"])
+    accuracy = topk_accuracy(predict(probe, test_x), data["test_labels"], ks=(1, 5))
 
     used.update(
-        device=str(device),
+        device="cpu",
         weight_decay=weight_decay,
         val_top1_per_weight_decay=val_top1,
-        optimiser="L-BFGS full batch, zero init, strong Wolfe line search",
+        optimiser="L-BFGS-B (scipy), float64, full batch, zero init",
         selection="top-1 on a stratified held-out part of the train split; ties -> larger value",
     )
     return check_metrics({"top1": accuracy[1], "top5": accuracy[5]}, PROTOCOL), used
@@ -177,6 +184,8 @@ def evaluate(
 
 def new_head(dim: int, num_classes: int, generator: torch.Generator) -> torch.nn.Linear:
     """A linear layer with weights ~ N(0, 0.01) and zero bias (MoCo's init), drawn from `generator`."""
+    import torch
+
     head = torch.nn.Linear(dim, num_classes)
     with torch.no_grad():
         head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * 0.01)
@@ -202,6 +211,10 @@ def fit_frozen_probe(
 ) -> torch.nn.Linear:
     """Train a linear layer on the frozen backbone's features of augmented views of `train`
     (an ImageSet). The backbone is never put in train mode and receives no gradient."""
+    import torch
+
+    from sslbench.loop import fit_classifier, make_optimizer
+
     freeze(backbone)
     head = new_head(backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(seed, 0))).to(
         device
@@ -264,6 +277,8 @@ def evaluate_paper(
 ) -> tuple[dict[str, float], dict]:
     """The probe on the images of the features' target (their ``eval`` record; the pretraining set
     when there is none), as extracted: its size, the pretraining set's mean and std."""
+    import torch
+
     from sslbench.augment import EvalTransform, ViewAugment, view_config
     from sslbench.distributed import select_device
     from sslbench.features import embed, evaluation_data, load_encoder, read_checkpoint

@@ -1,32 +1,24 @@
-"""Linear probe on cached features: the fit, the held-out weight-decay choice, known answers."""
+"""Linear probe on cached features: the numpy fit, the held-out weight-decay choice, known answers."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-import torch
-from sklearn.linear_model import LogisticRegression
+from conftest import REPO
 
 from evaluation import linear
 
 SMALL_GRID = {"weight_decay_grid": [1e-4, 1e-2, 1.0], "max_iter": 100}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    # tiny problems: threads only add contention on a shared machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def feature_dict(train, train_labels, test, test_labels, num_classes):
     return {
-        "train": torch.as_tensor(train, dtype=torch.float32),
-        "train_labels": torch.as_tensor(train_labels),
-        "test": torch.as_tensor(test, dtype=torch.float32),
-        "test_labels": torch.as_tensor(test_labels),
+        "train": np.asarray(train, dtype=np.float32),
+        "train_labels": np.asarray(train_labels),
+        "test": np.asarray(test, dtype=np.float32),
+        "test_labels": np.asarray(test_labels),
         "num_classes": num_classes,
         "meta": {},
     }
@@ -46,16 +38,120 @@ def blobs(seed, num_classes=5, dim=12, n_train=200, n_test=300, spread=1.5):
     )
 
 
-def test_fit_equals_sklearn_multinomial_logistic_regression():
+def softmax(logits):
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+@pytest.mark.parametrize("chunk_rows", [linear.CHUNK_ROWS, 7])  # 7: 30 rows in 5 chunks, the last short
+def test_the_gradient_is_the_loss_gradient_by_finite_differences(monkeypatch, chunk_rows):
+    monkeypatch.setattr(linear, "CHUNK_ROWS", chunk_rows)
+    rng = np.random.default_rng(0)
+    c, d, wd = 3, 4, 0.3
+    x, y = rng.normal(size=(30, d)), rng.integers(0, c, 30)
+    params = rng.normal(size=c * (d + 1))
+    loss, grad = linear.loss_and_gradient(params, x, y, c, wd)
+    weight, bias = params[: c * d].reshape(c, d), params[c * d :]
+    p = softmax(x @ weight.T + bias)
+    assert loss == pytest.approx(-np.log(p[np.arange(30), y]).mean() + wd / 2 * np.sum(weight**2), rel=1e-12)
+    eps = 1e-6
+    numeric = [
+        (
+            linear.loss_and_gradient(params + step, x, y, c, wd)[0]
+            - linear.loss_and_gradient(params - step, x, y, c, wd)[0]
+        )
+        / (2 * eps)
+        for step in np.eye(len(params)) * eps
+    ]
+    np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-9)
+
+
+def test_the_fit_is_a_stationary_point_of_the_penalised_loss():
+    # KKT of mean CE + wd/2 ||W||^2: wd W = -(P - Y)^T X / n, and the unpenalised bias: sum(P - Y) / n = 0
+    # (each class's mean predicted probability is its frequency).
+    x, y, _, _, c = blobs(1)
+    n, wd = len(x), 1e-2
+    weight, bias = linear.fit_linear(x, y, c, wd, max_iter=300)
+    residual = softmax(x @ weight.T + bias) - np.eye(c)[y]
+    assert np.abs(weight).max() > 0.05  # not the zero start
+    np.testing.assert_allclose(wd * weight, -residual.T @ x / n, atol=1e-6)
+    np.testing.assert_allclose(residual.sum(0) / n, 0, atol=1e-6)
+
+
+def test_without_weight_decay_separable_train_data_is_fitted_exactly():
+    # 40 points in general position in 50 dimensions: any labelling is linearly separable. A penalised
+    # fit misses some (the check can fail); wd 0 must separate them all.
+    rng = np.random.default_rng(2)
+    x, y, c = rng.normal(size=(40, 50)), np.repeat(np.arange(4), 10), 4
+    train_top1 = lambda probe: float((np.argmax(linear.predict(probe, x), 1) == y).mean())
+    assert train_top1(linear.fit_linear(x, y, c, 0.0, max_iter=300)) == 1.0
+    assert train_top1(linear.fit_linear(x, y, c, 30.0, max_iter=300)) < 1.0
+
+
+def test_two_symmetric_points_have_the_hand_computed_probe():
+    # x = -1 (class 0), x = +1 (class 1). By symmetry b = 0 and W = [-w, w]; each point's loss is
+    # log(1 + e^{-2w}) and the penalty wd w^2, so the optimum has wd w = sigmoid(-2w). With
+    # wd = 1 / (2 ln 3): w = ln(3) / 2, and each point gets probability 3/4 for its own class.
+    wd = 1 / (2 * math.log(3))
+    weight, bias = linear.fit_linear(np.array([[-1.0], [1.0]]), np.array([0, 1]), 2, wd, max_iter=100)
+    np.testing.assert_allclose(weight, [[-math.log(3) / 2], [math.log(3) / 2]], atol=1e-7)
+    np.testing.assert_allclose(bias, [0, 0], atol=1e-9)
+    np.testing.assert_allclose(
+        softmax(np.array([[-1.0], [1.0]]) @ weight.T + bias), [[0.75, 0.25], [0.25, 0.75]], atol=1e-7
+    )
+
+
+def test_the_fit_equals_sklearn_multinomial_logistic_regression():
     # mean CE + wd/2 ||W||^2 with a free bias is sklearn's 1/2 ||W||^2 + C * sum CE, C = 1 / (n wd)
+    from sklearn.linear_model import LogisticRegression
+
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(150, 6)), rng.integers(0, 4, 150)
     wd = 1e-2
-    layer = linear.fit_linear(torch.tensor(x, dtype=torch.float64), torch.tensor(y), 4, wd, max_iter=500)
-    with torch.no_grad():
-        ours = torch.softmax(layer(torch.tensor(x, dtype=torch.float64)), 1).numpy()
-    reference = LogisticRegression(C=1 / (len(x) * wd), tol=1e-10, max_iter=5000).fit(x, y).predict_proba(x)
-    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    weight, bias = linear.fit_linear(x, y, 4, wd, max_iter=500)
+    reference = LogisticRegression(C=1 / (len(x) * wd), tol=1e-10, max_iter=5000).fit(x, y)
+    np.testing.assert_allclose(weight, reference.coef_, atol=1e-4)
+    # the biases are defined up to a common shift (softmax ignores it): compare them centred
+    np.testing.assert_allclose(
+        bias - bias.mean(), reference.intercept_ - reference.intercept_.mean(), atol=1e-4
+    )
+    np.testing.assert_allclose(softmax(x @ weight.T + bias), reference.predict_proba(x), atol=1e-5)
+
+
+def test_standardise_uses_the_train_mean_and_unbiased_std_and_leaves_constant_columns_unscaled():
+    train = np.array([[1.0, 5.0], [2.0, 5.0], [3.0, 5.0], [6.0, 5.0]], dtype=np.float32)
+    test = np.array([[3.0, 7.0]], dtype=np.float32)
+    scaled_train, scaled_test = linear.standardise(train, test)
+    assert scaled_train.dtype == np.float32
+    np.testing.assert_allclose(scaled_train.mean(0), 0, atol=1e-7)
+    np.testing.assert_allclose(scaled_train[:, 0].std(ddof=1), 1, rtol=1e-6)  # ddof 1, like torch.std
+    np.testing.assert_allclose(scaled_test, [[0.0, 2.0]], atol=1e-6)  # column 1: shifted by 5, std 1
+
+
+def test_the_cached_mode_loads_neither_torch_nor_sklearn():
+    # a whole cached-mode evaluation in a fresh process, not only the import
+    code = """
+import sys
+import numpy as np
+from evaluation import linear
+rng = np.random.default_rng(0)
+features = {"train": rng.normal(size=(60, 4)), "train_labels": np.arange(60) % 3,
+            "test": rng.normal(size=(9, 4)), "test_labels": np.arange(9) % 3, "num_classes": 3, "meta": {}}
+linear.evaluate(features, {"max_iter": 20}, 0)
+print(sorted(m for m in ("torch", "sklearn", "timm", "torchvision", "sslbench.loop") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_device_setting_is_accepted_and_the_cached_mode_runs_on_the_cpu():
+    train, ytr, test, yte, c = blobs(8, n_train=60, n_test=20)
+    features = feature_dict(train, ytr, test, yte, c)
+    metrics, used = linear.evaluate(features, {**SMALL_GRID, "device": "cuda:0"}, seed=0)
+    default_metrics, default_used = linear.evaluate(features, SMALL_GRID, seed=0)
+    assert used["device"] == default_used["device"] == "cpu"
+    assert metrics == default_metrics and used["weight_decay"] == default_used["weight_decay"]
 
 
 def test_stratified_holdout_is_a_partition_holding_out_a_fifth_of_each_class():

@@ -144,8 +144,9 @@ def test_no_import_cycle_at_module_level():
 
 
 def test_planning_and_the_cached_feature_protocols_never_import_torch():
-    """The Snakefile imports sslbench.config at every plan; kNN, low-shot SVM and clustering jobs read
-    .npz features; the report and collect read CSVs and JSON: none of them pays for torch."""
+    """The Snakefile imports sslbench.config at every plan; kNN, linear (cached), low-shot SVM and
+    clustering jobs read .npz features; the report and collect read CSVs and JSON: none of them pays
+    for torch."""
     modules = [
         "sslbench.config",
         "sslbench.kmeans",
@@ -155,6 +156,7 @@ def test_planning_and_the_cached_feature_protocols_never_import_torch():
         "sslbench.report",
         "sslbench.cli",
         "evaluation.knn",
+        "evaluation.linear",
         "evaluation.lowshot_svm",
         "evaluation.clustering",
     ]
