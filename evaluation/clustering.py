@@ -1,6 +1,6 @@
 """Clustering quality of frozen features: faiss k-means (sslbench.kmeans, on every point: no
 subsampling) on the L2-normalised test split, scored against the true classes with AMI, NMI and ARI
-(sklearn).
+(evaluation.cluster_scores: sklearn's definitions in numpy, without sklearn's second of import).
 
 Each of `restarts` independent k-means runs gets its own seed derived from the run seed;
 metrics are the mean over runs. "ami", "nmi", "ari" use k = number of classes; "ami_k{m}x"
@@ -17,10 +17,10 @@ nobody draws.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
 
 from sslbench.kmeans import kmeans
 
+from .cluster_scores import adjusted_mutual_info, adjusted_rand, normalized_mutual_info
 from .common import ProtocolError, check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
 
 PROTOCOL = "clustering"
@@ -63,12 +63,12 @@ def evaluate(
     for restart in restarts:
         clusters = run(num_classes, restart)
         assignments.append(clusters)
-        scores["ami"].append(adjusted_mutual_info_score(labels, clusters))
-        scores["nmi"].append(normalized_mutual_info_score(labels, clusters))
-        scores["ari"].append(adjusted_rand_score(labels, clusters))
+        scores["ami"].append(adjusted_mutual_info(labels, clusters))
+        scores["nmi"].append(normalized_mutual_info(labels, clusters))
+        scores["ari"].append(adjusted_rand(labels, clusters))
     for multiple in used["overcluster"]:
         scores[f"ami_k{multiple:g}x"] = [
-            adjusted_mutual_info_score(labels, run(int(round(multiple * num_classes)), restart))
+            adjusted_mutual_info(labels, run(int(round(multiple * num_classes)), restart))
             for restart in restarts
         ]
     metrics = {name: float(np.mean(values)) for name, values in scores.items()}

@@ -164,3 +164,13 @@ def test_planning_and_the_cached_feature_protocols_never_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_the_clustering_protocol_imports_neither_sklearn_nor_scipy():
+    """Its scores are numpy (evaluation.cluster_scores): sklearn.metrics would add about a second to every
+    clustering job, scipy.special a fifth of one. Only the t-SNE maps import sklearn, inside tsne_map."""
+    code = "import sys\nimport evaluation.clustering\nprint(sorted({m.split('.')[0] for m in sys.modules}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    loaded = set(ast.literal_eval(out.stdout.strip()))
+    assert "evaluation" in loaded and not {"sklearn", "scipy"} & loaded
