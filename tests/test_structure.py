@@ -41,7 +41,7 @@ def sources(*folders: str) -> list[Path]:
 
 # README.md's module map, lowest layer first: a module imports only its own row and rows above.
 LAYERS = [
-    ["errors", "atomic", "provenance"],
+    ["errors", "atomic", "kernels", "provenance"],
     ["kmeans", "featurefile", "datafiles"],
     ["data", "batches"],
     ["augment", "backbones", "distributed"],
