@@ -226,8 +226,13 @@ def stage_rows(folder: Path) -> list[dict]:
     for stage, cost in stage_costs(jobs).iterrows():
         how = f"{int(cost['jobs'])} jobs (Snakemake benchmark files; jobs ran side by side, one per core)"
         rows += [
-            row("dag", f"stage {stage}", float(cost["wall_s"]), "s",
-                notes=f"{how}: summed wall time, {cost['share']:.0%} of all jobs'"),
+            row(
+                "dag",
+                f"stage {stage}",
+                float(cost["wall_s"]),
+                "s",
+                notes=f"{how}: summed wall time, {cost['share']:.0%} of all jobs'",
+            ),
             row("dag", f"stage {stage} median job", float(cost["median_s"]), "s", notes=how),
             row("dag", f"stage {stage} slowest job", float(cost["max_s"]), "s", notes=how),
         ]
