@@ -1,16 +1,17 @@
-# sslbench: pretrain -> extract -> evaluate -> collect -> report.
+# sslbench: prepare -> pretrain -> extract -> evaluate -> collect -> report.
 # Thin by design: every rule calls the `sslbench` CLI, where the logic is tested.
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
 from snakemake.utils import min_version
 
-from sslbench.config import (FEATURES_FILE, RESULT_FILE, RUN_DIR, ConfigError, code_param, config_sources,
-                             load_config, maps_argument, method_problems, plan_runs, preflight,
-                             protocol_settings, selected_methods)
+from sslbench.config import (FEATURES_FILE, PREPARED_FILE, RESULT_FILE, RUN_DIR, ConfigError, code_param,
+                             config_sources, load_config, maps_argument, method_problems, plan_runs, preflight,
+                             protocol_reads_images, protocol_settings, selected_methods)
 from sslbench.errors import expected_errors
 from sslbench.provenance import code_digest, tree_record
 
@@ -67,6 +68,9 @@ localrules:
     all,
     collect,
     report,  # seconds of work each: not worth a trip through a cluster queue
+    # Seconds too, and every job of its dataset waits for it; this process already loads each in-memory
+    # dataset once before the first job (preflight), so the files are there and it fits in memory here.
+    prepare,
 
 
 wildcard_constraints:
@@ -75,6 +79,7 @@ wildcard_constraints:
     method="|".join(map(re.escape, LABEL_OF)) or "(?!)",
     seed=r"\d+",
     protocol="|".join(PROTOCOLS),
+    dataset="|".join(map(re.escape, PLAN.prepared)) or "(?!)",
 
 # The pretrain job writes its own dataset's features (features/{pretrain}.npz); extract the others.
 ruleorder: pretrain > extract
@@ -132,14 +137,48 @@ def target_section(wildcards):
     return json.dumps(PLAN.datasets[wildcards.target], sort_keys=True)
 
 
+def prepared(label):
+    """A dataset's prepared file, as the input of a job that loads its images: none for a folder
+    dataset, which decodes its images as they are used."""
+    return [PLAN.prepared[label]] if label in PLAN.prepared else []
+
+
+def images_read(wildcards):
+    """The target's prepared file for a protocol whose job loads its images (semisup, linear in mode
+    paper); none for those on the cached features alone, which a new prepared file must not rerun."""
+    settings = protocol_settings(config, wildcards.protocol)
+    return prepared(wildcards.target) if protocol_reads_images(wildcards.protocol, settings) else []
+
+
+def prepared_argument(wildcards, input):
+    """--prepared where the job has the file: derived from its input, so no param of its own."""
+    return "".join(f"--prepared {shlex.quote(path)}" for path in input.prepared)  # one file or none
+
+
 rule all:
     input:
         "results/report.html",
 
 
+rule prepare:
+    output:
+        PREPARED_FILE,
+    params:
+        section=lambda wc: json.dumps(PLAN.datasets[wc.dataset], sort_keys=True),  # a change reruns it
+        code=code("prepare"),
+    threads: 1
+    log:
+        "results/prepared/logs/{dataset}.log",
+    benchmark:
+        "results/prepared/benchmarks/{dataset}.tsv"
+    shell:
+        "sslbench prepare --dataset-json {params.section:q} --out {output:q} --threads {threads} > {log:q} 2>&1"
+
+
 rule pretrain:
     input:
-        method_sources,
+        sources=method_sources,
+        prepared=lambda wc: prepared(wc.pretrain),
     output:
         run=RUN_DIR + "/run.json",
         checkpoint=RUN_DIR + "/checkpoint.pt",
@@ -150,6 +189,7 @@ rule pretrain:
         method_dir=lambda wc: str(method_dir(wc)),
         run_dir=lambda wc, output: str(Path(output.checkpoint).parent),
         launcher=launcher,
+        prepared=prepared_argument,
         code=code("pretrain"),
     threads: job("pretrain")[0]
     resources:
@@ -160,17 +200,19 @@ rule pretrain:
         RUN_DIR + "/benchmarks/pretrain.tsv"  # wall time and peak memory of the job (sslbench bench reads these)
     shell:
         "{params.launcher} pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
-        "--seed {wildcards.seed} --out {params.run_dir:q} --features-out {output.features:q} "
+        "--seed {wildcards.seed} --out {params.run_dir:q} --features-out {output.features:q} {params.prepared} "
         "--threads {threads} --quiet > {log:q} 2>&1"
 
 
 rule extract:
     input:
-        RUN_DIR + "/checkpoint.pt",
+        checkpoint=RUN_DIR + "/checkpoint.pt",
+        prepared=lambda wc: prepared(wc.target),
     output:
         FEATURES_FILE,
     params:
         target=target_section,
+        prepared=prepared_argument,
         code=code("extract"),
     threads: job("extract")[0]
     resources:
@@ -180,18 +222,20 @@ rule extract:
     benchmark:
         RUN_DIR + "/benchmarks/extract_{target}.tsv"
     shell:
-        "sslbench extract --checkpoint {input:q} --target-json {params.target:q} --out {output:q} "
-        "--threads {threads} > {log:q} 2>&1"
+        "sslbench extract --checkpoint {input.checkpoint:q} --target-json {params.target:q} --out {output:q} "
+        "{params.prepared} --threads {threads} > {log:q} 2>&1"
 
 
 rule evaluate:
     input:
         features=FEATURES_FILE,
         checkpoint=RUN_DIR + "/checkpoint.pt",
+        prepared=images_read,
     output:
         RESULT_FILE,
     params:
         settings=settings_of,
+        prepared=prepared_argument,
         maps=lambda wc: maps_argument(wc.protocol, wc.seed, SEEDS),  # t-SNE maps for the seed the report draws
         code=code("evaluate"),
     threads: job("evaluate")[0]
@@ -204,7 +248,7 @@ rule evaluate:
     shell:
         "sslbench evaluate --protocol {wildcards.protocol} --features {input.features:q} "
         "--checkpoint {input.checkpoint:q} --settings-json {params.settings:q} --seed {wildcards.seed} "
-        "--out {output:q} --threads {threads} {params.maps} > {log:q} 2>&1"
+        "--out {output:q} --threads {threads} {params.maps} {params.prepared} > {log:q} 2>&1"
 
 
 rule collect:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # annotations only
 
 PROTOCOL = "linear"
 NEEDS_CHECKPOINT = True  # mode "paper" reads the checkpoint; mode "cached" ignores it
+READS_IMAGES = ["paper"]  # the modes that load the target's images (its prepared file, in the DAG)
 DEFAULTS: dict = {
     "mode": "cached",
     "weight_decay_grid": [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1],
@@ -151,10 +152,12 @@ def select_weight_decay(
 
 
 def evaluate(
-    features: dict, settings: dict, seed: int, checkpoint_path=None
+    features: dict, settings: dict, seed: int, checkpoint_path=None, prepared=None
 ) -> tuple[dict[str, float], dict]:
+    """``prepared``: the target's prepared file (``sslbench.data.prepare_dataset``), which mode "paper"
+    reads its images from instead of the dataset's own files."""
     if (settings or {}).get("mode") == "paper":
-        return evaluate_paper(settings, seed, checkpoint_path, (features or {}).get("meta"))
+        return evaluate_paper(settings, seed, checkpoint_path, (features or {}).get("meta"), prepared)
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if used["mode"] != "cached":
         raise ProtocolError(f"linear: unknown mode {used['mode']!r}; known modes are 'cached' and 'paper'")
@@ -273,7 +276,7 @@ def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
 
 
 def evaluate_paper(
-    settings: dict, seed: int, checkpoint_path, features_meta: dict | None = None
+    settings: dict, seed: int, checkpoint_path, features_meta: dict | None = None, prepared=None
 ) -> tuple[dict[str, float], dict]:
     """The probe on the images of the features' target (their ``eval`` record; the pretraining set
     when there is none), as extracted: its size, the pretraining set's mean and std."""
@@ -291,7 +294,7 @@ def evaluate_paper(
         )
     device = select_device(used["device"] or "auto")
     ckpt = read_checkpoint(checkpoint_path, "cpu")
-    data = evaluation_data(ckpt, features_meta)
+    data = evaluation_data(ckpt, features_meta, prepared)
     if data.multilabel:
         raise ProtocolError(
             f"linear (paper): {data.name} is multilabel; this protocol needs one class per image"

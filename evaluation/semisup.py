@@ -53,6 +53,7 @@ from .linear import new_head, stratified_holdout
 
 PROTOCOL = "semisup"
 NEEDS_CHECKPOINT = True
+READS_IMAGES = True  # it fine-tunes on the target's images (its prepared file, in the DAG)
 NEEDS_RESULT_DIR = True  # the subset index files go beside the result
 FRACTIONS = {"1pct": 0.01, "10pct": 0.10}  # ascending: the smaller subset is nested in the larger
 SUBSET_FOLDER = "semisup_subsets"
@@ -362,10 +363,11 @@ def run_semisup(
 
 
 def evaluate(
-    features: dict, settings: dict, seed: int, checkpoint_path=None, result_dir=None
+    features: dict, settings: dict, seed: int, checkpoint_path=None, result_dir=None, prepared=None
 ) -> tuple[dict[str, float], dict]:
     """The protocol entry: `features` name the target and are cross-checked (the images are fine-tuned
-    on); the subset files go to ``result_dir/semisup_subsets`` (default: the checkpoint's ``eval/``)."""
+    on); the subset files go to ``result_dir/semisup_subsets`` (default: the checkpoint's ``eval/``).
+    ``prepared``: the target's prepared file, read instead of the dataset's own files."""
     if checkpoint_path is None:
         raise ProtocolError(
             "semisup fine-tunes the backbone and needs the checkpoint: pass checkpoint_path "
@@ -373,7 +375,7 @@ def evaluate(
         )
     resolve_settings(settings, DEFAULTS, PROTOCOL)  # unknown keys fail before anything is loaded
     ckpt = read_checkpoint(checkpoint_path, "cpu")
-    data = evaluation_data(ckpt, (features or {}).get("meta"))
+    data = evaluation_data(ckpt, (features or {}).get("meta"), prepared)
     if features is not None and int(features["num_classes"]) != data.num_classes:
         raise ProtocolError(
             f"semisup: the features have {features['num_classes']} classes but their dataset "

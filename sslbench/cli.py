@@ -1,4 +1,4 @@
-"""``sslbench pretrain|extract|evaluate|collect|report``: the commands the Snakefile runs; ``status``
+"""``sslbench prepare|pretrain|extract|evaluate|collect|report``: the commands the Snakefile runs; ``status``
 (stale and missing results, and the snakemake call that refreshes them); ``bench``.
 
 An error we expect (a bad config, missing data, a diverged run, an unreadable file) prints its
@@ -34,6 +34,12 @@ def _threads(n: int | None) -> None:
             os.environ[name] = str(n)
 
 
+def cmd_prepare(args) -> None:
+    from .data import prepare_dataset
+
+    prepare_dataset(args.dataset_json, args.out)
+
+
 def cmd_pretrain(args) -> None:
     from .engine import pretrain
     from .features import extract_after_training
@@ -45,15 +51,16 @@ def cmd_pretrain(args) -> None:
         args.out,
         device=args.device,
         progress=not args.quiet,
+        prepared=args.prepared,
     )
     if args.features_out:  # the pretraining set's features, without a process of their own
-        extract_after_training(checkpoint, args.features_out, device=args.device)
+        extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
 
 
 def cmd_extract(args) -> None:
     from .features import extract
 
-    extract(args.checkpoint, args.out, target=args.target_json, device=args.device)
+    extract(args.checkpoint, args.out, target=args.target_json, device=args.device, prepared=args.prepared)
 
 
 def cmd_evaluate(args) -> None:
@@ -67,6 +74,7 @@ def cmd_evaluate(args) -> None:
         args.out,
         checkpoint_path=args.checkpoint,
         maps=args.maps,
+        prepared=args.prepared,
     )
 
 
@@ -81,7 +89,7 @@ def cmd_collect(args) -> None:
 
 def cmd_status(args) -> None:
     from .config import config_sources, load_config, method_problems, plan_runs, selected_methods
-    from .results import refresh_command, result_states
+    from .results import prepared_states, refresh_command, result_states
 
     config = load_config(args.config_dir, args.configfile)
     methods = selected_methods(config, args.methods)
@@ -103,8 +111,12 @@ def cmd_status(args) -> None:
     if missing:
         print(f"missing ({len(missing)} of {len(expected)} results):")
         print("".join(f"  {s.path}\n" for s in missing), end="")
-    if states:
-        print(f"To refresh them: {refresh_command(states, args.configfile)}")
+    prepared = prepared_states(plan.prepared.values(), args.methods)
+    for state in prepared:
+        why = f"  (prepare: {' '.join(state.changed['prepare'])})" if state.changed else ""
+        print(f"{state.state} prepared dataset file, rebuilt first: {state.path}{why}")
+    if states or prepared:
+        print(f"To refresh them: {refresh_command(states + prepared, args.configfile)}")
     else:
         print(f"All {len(expected)} results are up to date with the code.")
 
@@ -133,9 +145,30 @@ def cmd_bench(args) -> None:
     )
 
 
+def prepared_argument(parser, whose: str, note: str = "") -> None:
+    parser.add_argument(
+        "--prepared",
+        default=None,
+        help=f"{whose} file from `sslbench prepare` (the same images, already loaded){note}; "
+        "default: read the dataset's own files",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sslbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "prepare", help="load an in-memory dataset section once (decode, subset, resize) into one file"
+    )
+    p.add_argument(
+        "--dataset-json",
+        required=True,
+        type=json_argument,
+        help="the dataset's section (JSON), its label included",
+    )
+    p.add_argument("--out", required=True, help="the .npz its jobs read with --prepared")
+    p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("pretrain", help="train one method with one seed")
     p.add_argument("--method-dir", required=True)
@@ -145,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--out", required=True, help="run folder: checkpoint.pt, train_log.csv, run.json")
     p.add_argument("--features-out", default=None, help="also write the pretraining set's features here")
+    prepared_argument(p, "the pretraining set's")
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser(
@@ -158,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the target's dataset section with its label (default: the pretraining set)",
     )
     p.add_argument("--out", required=True)
+    prepared_argument(p, "the target's")
     p.set_defaults(func=cmd_extract)
 
     p = sub.add_parser("evaluate", help="one evaluation protocol on extracted features")
@@ -173,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="leave out what only the report's figures use (clustering's t-SNE): seeds it does not draw",
     )
+    prepared_argument(p, "the target's", ", for the protocols that load images (semisup, linear mode paper)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("collect", help="result JSONs -> long-format table.csv")

@@ -80,6 +80,8 @@ RESULTS_DIR = "results"
 RUN_DIR = RESULTS_DIR + "/{pretrain}/{method}/seed{seed}"
 FEATURES_FILE = RUN_DIR + "/features/{target}.npz"
 RESULT_FILE = RUN_DIR + "/eval/{target}/{protocol}.json"
+# An in-memory dataset section loaded once (`sslbench prepare`) for every job that reads its images.
+PREPARED_FILE = RESULTS_DIR + "/prepared/{dataset}.npz"
 PRETRAIN_TARGET = "pretrain"  # in `targets`: each run's own pretraining dataset
 PROTOCOL_PACKAGE = "evaluation"  # evaluation/<protocol>.py
 MAX_SLUG_LENGTH = 120
@@ -95,6 +97,8 @@ class Plan:
     datasets: dict[str, dict]  # label: the dataset section a job loads (label included)
     skipped: dict[str, str] = field(default_factory=dict)  # optional dataset: why it is left out
     warnings: list[str] = field(default_factory=list)  # settings that do nothing in this plan
+    # label: its PREPARED_FILE, for each dataset the plan loads that is held in memory
+    prepared: dict[str, str] = field(default_factory=dict)
 
     def result_files(self, seeds: Iterable[int]) -> list[str]:
         """Every result JSON the plan asks for."""
@@ -131,7 +135,7 @@ def plan_runs(
     value a run takes is checked here (``check_method_values``, ``check_subsets``); ``sources``
     (``config_sources``) let an error name the file that set the key.
     """
-    from .datafiles import missing_files
+    from .datafiles import LAZY_DATASETS, missing_files
 
     methods = list(methods)
     datasets = {label: dict(section, label=label) for label, section in config["datasets"].items()}
@@ -180,7 +184,12 @@ def plan_runs(
                 }
     check_slugs(slugs)
     plan_datasets = {k: without_plan_keys(v) for k, v in datasets.items()}
-    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings)
+    prepared = {
+        label: PREPARED_FILE.format(dataset=label)
+        for label in sorted(used)
+        if datasets[label]["name"] not in LAZY_DATASETS
+    }
+    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings, prepared)
 
 
 def check_method_sections(
@@ -267,26 +276,46 @@ def protocol_targets(config: dict, protocol: str, pretrain: str, datasets: dict,
     return out
 
 
+# Besides the DEFAULTS, what the planner reads of a protocol module: READS_IMAGES, True where its jobs
+# load their target's images (not only the cached features), or the list of the modes that do.
+PLANNING_LITERALS = ("READS_IMAGES",)
+
+
 def protocol_defaults(protocol: str) -> dict[str, dict]:
     """{name: value} of the module-level ``DEFAULTS`` (and ``<MODE>_DEFAULTS``, a mode's own, with its
     `mode`) of evaluation/<protocol>.py, read from its source: sslbench loads a protocol only by name
     to run it, and several import torch, which planning never does. The protocol's own code keeps the
     one definition, so each must be a literal."""
+    return {k: v for k, v in protocol_literals(protocol).items() if k not in PLANNING_LITERALS}
+
+
+def protocol_literals(protocol: str) -> dict:
+    """The DEFAULTS and PLANNING_LITERALS of evaluation/<protocol>.py, read from its source."""
     from .provenance import module_file
 
     path = module_file(f"{PROTOCOL_PACKAGE}.{protocol}")
-    return copy.deepcopy(module_defaults(str(path), path.read_text()))
+    return copy.deepcopy(module_literals(str(path), path.read_text()))
+
+
+def protocol_reads_images(protocol: str, settings: dict) -> bool:
+    """Whether a protocol's job with these settings loads its target's images (semisup, linear in
+    mode "paper"), and so reads the target's prepared file, rather than the cached features alone."""
+    literals = protocol_literals(protocol)
+    reads = literals.get("READS_IMAGES", False)
+    if isinstance(reads, bool):
+        return reads
+    return (settings or {}).get("mode", literals["DEFAULTS"].get("mode")) in reads
 
 
 @cache
-def module_defaults(path: str, text: str) -> dict[str, dict]:
+def module_literals(path: str, text: str) -> dict:
     import ast
 
     found = {}
     for node in ast.parse(text, path).body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
         name = getattr(target, "id", "")
-        if name == "DEFAULTS" or name.endswith("_DEFAULTS"):
+        if name == "DEFAULTS" or name.endswith("_DEFAULTS") or name in PLANNING_LITERALS:
             try:
                 found[name] = ast.literal_eval(node.value)
             except ValueError:
@@ -584,7 +613,12 @@ def preflight(config: dict, plan: Plan) -> None:
 
 
 # The file in which a job of each stage records the code it ran (provenance.code_record).
-CODE_RECORD_FILES = {"pretrain": RUN_DIR + "/run.json", "extract": FEATURES_FILE, "evaluate": RESULT_FILE}
+CODE_RECORD_FILES = {
+    "prepare": PREPARED_FILE,
+    "pretrain": RUN_DIR + "/run.json",
+    "extract": FEATURES_FILE,
+    "evaluate": RESULT_FILE,
+}
 
 
 def code_param(
@@ -620,6 +654,8 @@ def recorded_code(stage: str, output: str | Path) -> dict | None:
     try:
         if stage == "extract":
             return load_meta(output).get("code_extract")
+        if stage == "prepare":  # the same .npz-with-meta layout as a features file
+            return load_meta(output).get("code")
         record = json.loads(Path(output).read_text())
         return (record["meta"] if stage == "pretrain" else record).get("code")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, UnreadableFileError):

@@ -155,6 +155,9 @@ FILE_SPECS: dict[str, Callable[..., FileSpec] | None] = {
     "voc07": voc07_files,
 }
 MULTILABEL_DATASETS = ("voc07",)  # their labels are [N, classes] in the VOC devkit's codes
+# Decoded from their image files batch by batch (sslbench.data's ImageSet.paths); every other loader
+# holds its images in memory, and the DAG prepares those once per section (`sslbench prepare`).
+LAZY_DATASETS = ("imagefolder", "voc07")
 
 
 def missing_files(section: dict) -> str | None:

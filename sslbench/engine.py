@@ -127,6 +127,7 @@ class Trainer:
         out_dir: str | Path,
         device: str = "auto",
         progress: bool = True,
+        prepared: str | Path | None = None,
     ):
         self.cfg, self.seed, self.out_dir = cfg, seed, Path(out_dir)
         self.method_dir = Path(method_dir)
@@ -134,7 +135,7 @@ class Trainer:
         self.device = dist.init_from_env(device)
         self.world, self.rank = dist.world_size(), dist.rank()
         self.progress = progress and dist.is_main()
-        self.data = load_data(cfg)
+        self.data = load_data(cfg, prepared)  # prepared: the dataset's file from `sslbench prepare`
         self.method = build_method(method_dir, cfg, self.data, seed).to(self.device)
         self.mean, self.std = mean, std = normalisation(self.data)  # stored in the checkpoint for extract
         size, channels = self.data.image_size, self.data.channels
@@ -489,8 +490,10 @@ def pretrain(
     out_dir: str | Path,
     device: str = "auto",
     progress: bool = True,
+    prepared: str | Path | None = None,
 ) -> Path:
-    """Train one (method, seed); under torchrun, every process calls this and rank 0 writes."""
-    path = Trainer(method_dir, cfg, seed, out_dir, device=device, progress=progress).fit()
+    """Train one (method, seed); under torchrun, every process calls this and rank 0 writes.
+    ``prepared``: the pretraining set's prepared file, read instead of the dataset's own files."""
+    path = Trainer(method_dir, cfg, seed, out_dir, device=device, progress=progress, prepared=prepared).fit()
     dist.barrier()
     return path

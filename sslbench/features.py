@@ -42,10 +42,12 @@ def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
         raise unreadable(path, "checkpoint", err) from err
 
 
-def target_data(checkpoint: dict, target: dict) -> tuple[Dataset, dict]:
+def target_data(checkpoint: dict, target: dict, prepared: str | Path | None = None) -> tuple[Dataset, dict]:
     """A target's dataset (a dataset section with its ``label``) as the checkpoint's encoder takes it,
-    and the record of how: target, image size, channel conversion, normalisation."""
-    data = load_data({"dataset": target})
+    and the record of how: target, image size, channel conversion, normalisation. ``prepared``: the
+    target's prepared file (``sslbench.data.prepare_dataset``): the same images, already loaded, so
+    the record names the section either way."""
+    data = load_data({"dataset": target}, prepared)
     source_channels = data.channels
     data = convert_channels(data, checkpoint["meta"]["channels"])
     norm = checkpoint["normalisation"]
@@ -60,14 +62,17 @@ def target_data(checkpoint: dict, target: dict) -> tuple[Dataset, dict]:
     return data, record
 
 
-def evaluation_data(checkpoint: dict, features_meta: dict | None) -> Dataset:
+def evaluation_data(
+    checkpoint: dict, features_meta: dict | None, prepared: str | Path | None = None
+) -> Dataset:
     """The images a protocol that needs them (fine-tuning, the paper-mode probe) evaluates on: the
-    target its features were extracted from (the pretraining set when they say none)."""
+    target its features were extracted from (the pretraining set when they say none), read from its
+    prepared file where one is given."""
     if features_meta and "eval" in features_meta:
         target = features_meta["eval"]["settings"]
     else:
         target = pretraining_target(checkpoint)
-    return target_data(checkpoint, target)[0]
+    return target_data(checkpoint, target, prepared)[0]
 
 
 def pretraining_target(checkpoint: dict) -> dict:
@@ -97,13 +102,18 @@ def embed(
 
 
 def extract(
-    checkpoint_path: str | Path, out_path: str | Path, target: dict | None = None, device: str = "auto"
+    checkpoint_path: str | Path,
+    out_path: str | Path,
+    target: dict | None = None,
+    device: str = "auto",
+    prepared: str | Path | None = None,
 ) -> Path:
-    """Features of ``target`` (a dataset section with its label; default: the pretraining set)."""
+    """Features of ``target`` (a dataset section with its label; default: the pretraining set), its
+    images read from ``prepared`` where given (its prepared file)."""
     dev = select_device(device)
     ckpt = read_checkpoint(checkpoint_path, "cpu")
     target = target or pretraining_target(ckpt)
-    data, record = target_data(ckpt, target)
+    data, record = target_data(ckpt, target, prepared)
     encoder = load_encoder(ckpt, data.image_size).to(dev)
     transform = eval_transform(ckpt, data).to(dev)
     features = {
@@ -130,8 +140,13 @@ def extract(
     return save_features(out_path, features)
 
 
-def extract_after_training(checkpoint_path: str | Path, out_path: str | Path, device: str = "auto") -> None:
+def extract_after_training(
+    checkpoint_path: str | Path,
+    out_path: str | Path,
+    device: str = "auto",
+    prepared: str | Path | None = None,
+) -> None:
     """The pretraining set's features, written by the training job itself (rank 0, after every rank
     has finished): the same code as ``extract``, without a job of its own to start."""
     if dist.is_main():
-        extract(checkpoint_path, out_path, device=device)
+        extract(checkpoint_path, out_path, device=device, prepared=prepared)

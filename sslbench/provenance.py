@@ -77,6 +77,7 @@ def provenance(device) -> dict:
 # the current tree (`changed_files`), and `rerun_on_code_change` reruns the jobs whose files changed.
 PROJECT_PACKAGES = ("sslbench", "evaluation")
 STAGE_ENTRIES = {
+    "prepare": ("sslbench.cli", "sslbench.data"),
     "pretrain": ("sslbench.cli", "sslbench.engine", "sslbench.features"),
     "extract": ("sslbench.cli", "sslbench.features"),
     "evaluate": ("sslbench.cli", "sslbench.results"),
@@ -167,7 +168,7 @@ def record_key(path: Path, method_dir: Path | None) -> str:
 def code_record(
     stage: str, method_dir: str | Path | None = None, protocol: str | None = None
 ) -> dict[str, str]:
-    """{file: sha256} of the project files a job of ``stage`` (pretrain, extract, evaluate) runs;
+    """{file: sha256} of the project files a job of ``stage`` (prepare, pretrain, extract, evaluate) runs;
     keys are paths from the repository root (``sslbench/engine.py``, ``methods/moco/method.py``)."""
     folder = Path(method_dir).resolve() if method_dir is not None else None
     entries = STAGE_ENTRIES[stage] + ((f"evaluation.{protocol}",) if protocol else ())

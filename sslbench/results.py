@@ -72,10 +72,12 @@ def run_protocol(
     out_path: str | Path,
     checkpoint_path: str | Path | None = None,
     maps: bool = True,
+    prepared: str | Path | None = None,
 ) -> Path:
     """Run one protocol on cached features and write its result JSON atomically (a protocol with
     WRITES_SIDE_FILE writes its side file first, beside it; ``maps``: with what only the report's
-    figures need, which it draws for a run's first seed)."""
+    figures need, which it draws for a run's first seed; ``prepared``: the target's prepared file,
+    for a protocol that READS_IMAGES, which a protocol on the cached features alone never opens)."""
     module = protocol_module(protocol)
     from .featurefile import load_features
 
@@ -83,6 +85,8 @@ def run_protocol(
     extra = {}
     if getattr(module, "NEEDS_CHECKPOINT", False):
         extra["checkpoint_path"] = checkpoint_path
+    if getattr(module, "READS_IMAGES", False):
+        extra["prepared"] = prepared
     if getattr(module, "WRITES_SIDE_FILE", False):
         extra["side_file"] = side_file(out_path)
         extra["maps"] = maps
@@ -258,6 +262,27 @@ def result_states(result_paths: list[str | Path], methods_dir: str | Path) -> li
         changed = {stage: files for stage, files in changed.items() if files}
         if changed:
             out.append(ResultState(path, "stale", stage_outputs(path)[next(iter(changed))], changed))
+    return out
+
+
+def prepared_states(paths, methods_dir: str | Path) -> list[ResultState]:
+    """The prepared dataset files among ``paths`` that are unreadable or were written by code that has
+    changed since. A refresh must rebuild them (and so everything that read them): the jobs it reruns
+    would otherwise load the images the old code made. A missing one the DAG makes anyway."""
+    from .featurefile import load_meta
+
+    out = []
+    for path in map(str, paths):
+        if not Path(path).exists():
+            continue
+        try:
+            record = load_meta(path)["code"]
+        except (SslbenchError, KeyError, TypeError):
+            out.append(ResultState(path, "unreadable", rerun=path))
+            continue
+        changed = changed_files(record, methods_dir)
+        if changed:
+            out.append(ResultState(path, "stale", path, {"prepare": changed}))
     return out
 
 

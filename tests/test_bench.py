@@ -201,11 +201,13 @@ def test_memory_section_runs_the_jobs_snakemake_plans(tmp_path):
     preset = tmp_path / "one.yaml"
     preset.write_text("methods: [supervised]\nseeds: [3]\n")
     jobs = planned_jobs(bench, tmp_path / "plan", preset, target="results/table.csv")
-    assert sorted((j.rule, j.wildcards.get("protocol")) for j in jobs) == [
+    assert sorted((j.rule, j.wildcards.get("protocol") or j.wildcards.get("dataset")) for j in jobs) == [
         ("collect", None),
         ("evaluate", "clustering"),
         ("evaluate", "knn"),
         ("extract", None),
+        ("prepare", "digits"),
+        ("prepare", "digits6"),
         ("pretrain", None),
     ]
     run = "results/digits/supervised/seed3"
@@ -333,3 +335,17 @@ def test_bench_dag_tabulates_a_finished_run_and_says_when_there_is_none(tmp_path
     done = bench(empty)
     assert done.returncode != 0 and "no Snakemake benchmark files" in done.stderr
     assert str(empty) in done.stderr and "Traceback" not in done.stderr
+
+
+def test_stage_costs_count_the_prepare_jobs_as_one_stage(tmp_path):
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    files = {
+        "results/prepared/benchmarks/digits.tsv": 1.0,
+        "results/prepared/benchmarks/fashion_mnist.tsv": 3.0,
+        "results/digits/moco/seed0/benchmarks/pretrain.tsv": 30.0,
+    }
+    for name, wall in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(header + f"{wall}\t0:00:01\t1\t1\t1\t1\t0\t0\t90\t{wall}\n")
+    stages = stage_costs(snakemake_benchmarks(tmp_path))
+    assert list(stages.index) == ["pretrain", "prepare"] and stages.loc["prepare"].tolist()[:2] == [2, 4.0]

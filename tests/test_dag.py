@@ -120,8 +120,9 @@ def grid(tmp_path_factory):
 def test_each_pretraining_dataset_method_and_seed_trains_once(grid):
     plan = grid["a"]
     assert plan["trained"] == [("digits", "simclr"), ("digits6", "simclr")]
-    # the pretrain job writes its own set's features: no extract job for a run's own dataset
-    assert plan["counts"] == {"pretrain": 2, "evaluate": 4, "collect": 1}, plan["text"]
+    # the pretrain job writes its own set's features: no extract job for a run's own dataset; each
+    # pretraining set is prepared once, and the targets added below reuse those files
+    assert plan["counts"] == {"prepare": 2, "pretrain": 2, "evaluate": 4, "collect": 1}, plan["text"]
     rows = grid["a_table"]
     assert set(zip(rows["pretrain_dataset"], rows["eval_dataset"])) == {
         ("digits", "digits"),

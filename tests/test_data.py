@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import json
 import pickle
 import struct
 from pathlib import Path
@@ -15,6 +17,7 @@ from PIL import Image
 
 from sslbench import data, datafiles
 from sslbench.data import DATASETS, Dataset, DatasetError, ImageSet, load_dataset
+from sslbench.errors import UnreadableFileError
 
 RNG = np.random.default_rng(0)
 
@@ -536,3 +539,128 @@ def test_voc07_missing_and_broken_files_name_paths(tmp_path):
 def test_dataset_is_the_public_container():
     ds = load_dataset("digits")
     assert isinstance(ds, Dataset) and isinstance(ds.train, ImageSet) and ds.train.channels == 1
+
+
+# --------------------------------------------------------------------------- prepared files
+
+
+def assert_same_dataset(read: Dataset, loaded: Dataset) -> None:
+    """Every field of the Dataset and of each split equal; tensors bit for bit, in dtype and layout."""
+    for field in dataclasses.fields(Dataset):
+        a, b = getattr(read, field.name), getattr(loaded, field.name)
+        if field.name not in ("train", "test"):
+            assert a == b and type(a) is type(b), field.name
+            continue
+        for split_field in dataclasses.fields(ImageSet):
+            x, y = getattr(a, split_field.name), getattr(b, split_field.name)
+            where = f"{field.name}.{split_field.name}"
+            if isinstance(y, torch.Tensor):
+                assert (x.dtype, x.shape, x.stride()) == (y.dtype, y.shape, y.stride()), where
+                assert torch.equal(x, y), where
+            else:
+                assert x == y, where
+
+
+def write_fashion_format(root: Path, n_train=40, n_test=20) -> Path:
+    """Fashion-MNIST's four IDX files, every class n / 10 times (a stratified subset needs two of each)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for images, labels, n in (
+        ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", n_train),
+        ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", n_test),
+    ):
+        write_idx(root / images, RNG.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(root / labels, RNG.permutation(np.arange(n) % 10).astype(np.uint8))
+    return root
+
+
+def sections(tmp_path) -> dict[str, dict]:
+    fashion = str(write_fashion_format(tmp_path / "fashion"))
+    return {
+        "digits": {"name": "digits", "image_size": 16, "label": "digits"},
+        # the default's target: a stratified subset of each split, resized from 28 px
+        "fashion_mnist": {
+            "name": "fashion_mnist",
+            "root": fashion,
+            "image_size": 16,
+            "subset": {"train": 20, "test": 10},
+            "label": "fashion_mnist",
+        },
+    }
+
+
+@pytest.mark.parametrize("name", ["digits", "fashion_mnist"])
+def test_a_prepared_file_reads_back_as_load_data_gives_it_bit_for_bit(name, tmp_path):
+    section = sections(tmp_path)[name]
+    path = data.prepare_dataset(section, tmp_path / "prepared" / f"{name}.npz")
+    loaded = data.load_data({"dataset": section})
+    assert_same_dataset(data.load_data({"dataset": section}, prepared=path), loaded)
+    assert loaded.image_size == 16 and loaded.train.images.shape[-2:] == (16, 16)
+    with np.load(path) as npz:
+        meta = json.loads(str(npz["meta_json"]))
+    assert meta["section"] == section and meta["code"]["sslbench/data.py"]
+    assert {"git_commit", "versions", "cpu_kernels"} <= set(meta["prepared_with"])
+
+
+def test_a_prepared_file_of_another_section_or_damaged_is_refused_by_name(tmp_path):
+    section = sections(tmp_path)["fashion_mnist"]
+    path = data.prepare_dataset(section, tmp_path / "fashion_mnist.npz")
+    assert data.load_prepared(path, {**section, "label": "another_label"}).train.images.shape[0] == 20
+    for other in ({**section, "image_size": 8}, {**section, "subset": {"train": 30, "test": 10}}):
+        with pytest.raises(DatasetError) as info:
+            data.load_prepared(path, other)
+        message = str(info.value)
+        assert (
+            message.startswith(f"{path}: prepared from the dataset section") and '"image_size": 16' in message
+        )
+        assert f"--forcerun {path}" in message and "without --prepared" in message
+    features = tmp_path / "features.npz"  # an .npz with a meta record, but no prepared file
+    np.savez(features, meta_json=np.array(json.dumps({"dataset": "digits"})), train=np.zeros(3))
+    with pytest.raises(DatasetError, match=f"{features}: not a prepared dataset file"):
+        data.load_prepared(features, section)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(UnreadableFileError, match=f"{path}: unreadable prepared dataset file.*Rebuild it"):
+        data.load_prepared(path, section)
+
+
+def test_only_the_datasets_held_in_memory_are_prepared(tmp_path):
+    """datafiles.LAZY_DATASETS (what the planner reads, without torch) is what the loaders do."""
+    make_idx_tree(tmp_path / "fashion_mnist")
+    make_cifar10(tmp_path / "cifar10")
+    folder = tmp_path / "cifar100" / "cifar-100-python"
+    folder.mkdir(parents=True)
+    for split, n in (("train", 4), ("test", 2)):
+        write_pickle(folder / split, cifar_batch(n, b"fine_labels", 100))
+    make_stl10(tmp_path / "stl10")
+    make_imagefolder(tmp_path / "imagefolder")
+    make_voc(tmp_path / "voc07")
+    for name in DATASETS:
+        root = None if name == "digits" else str(tmp_path / name)
+        lazy = load_dataset(name, root=root, image_size=8).train.images is None
+        assert lazy == (name in datafiles.LAZY_DATASETS), name
+        if lazy:
+            with pytest.raises(DatasetError, match="nothing to prepare"):
+                data.prepare_dataset({"name": name, "root": root}, tmp_path / f"{name}.npz")
+            assert not (tmp_path / f"{name}.npz").exists()
+
+
+def test_a_refresh_rebuilds_a_prepared_file_made_by_code_that_has_changed(tmp_path):
+    """`sslbench status` forceruns such a file: the jobs it reruns would otherwise read old images."""
+    from conftest import METHODS_DIR
+
+    from sslbench.results import prepared_states, refresh_command
+
+    path = data.prepare_dataset(sections(tmp_path)["digits"], tmp_path / "digits.npz")
+    missing, broken = tmp_path / "missing.npz", tmp_path / "broken.npz"
+    broken.write_bytes(path.read_bytes()[:100])
+    assert [(s.path, s.state) for s in prepared_states([path, missing, broken], METHODS_DIR)] == [
+        (str(broken), "unreadable")
+    ]
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(str(arrays.pop("meta_json")))
+    meta["code"]["sslbench/data.py"] = "0" * 64  # what an edit of data.py since would look like
+    np.savez(path, meta_json=np.array(json.dumps(meta)), **arrays)
+    (state,) = prepared_states([path], METHODS_DIR)
+    assert (state.state, state.changed) == ("stale", {"prepare": ["sslbench/data.py"]})
+    assert refresh_command([state], []).endswith(f"--forcerun {path}")

@@ -11,14 +11,17 @@ import pytest
 import torch
 from conftest import METHODS_DIR, tiny_suite_config
 from PIL import Image
+from test_data import assert_same_dataset, write_fashion_format
 
 from evaluation import semisup
 from evaluation.common import ProtocolError
-from sslbench.config import MULTILABEL_PROTOCOLS, resolve_method_config
-from sslbench.data import VOC_CLASSES, Dataset, ImageSet, convert_channels, load_dataset
+from sslbench import cli
+from sslbench.config import MULTILABEL_PROTOCOLS, protocol_reads_images, resolve_method_config
+from sslbench.data import VOC_CLASSES, Dataset, ImageSet, convert_channels, load_dataset, prepare_dataset
 from sslbench.engine import pretrain
+from sslbench.errors import DEBUG_VARIABLE
 from sslbench.featurefile import load_features, save_features
-from sslbench.features import extract, read_checkpoint
+from sslbench.features import evaluation_data, extract, read_checkpoint
 from sslbench.results import read_result, result_rows, run_protocol
 
 SIZE = 8
@@ -219,3 +222,97 @@ def test_semisup_on_a_transfer_target_fine_tunes_on_the_targets_labels(grey, fil
         assert indices.max() < len(train_labels)
         assert sorted(set(train_labels[indices])) == [0, 1, 2]  # every class of the target, at least once
     assert metrics["top1_10pct"] > 1 / 3  # better than chance on the target's 3 classes
+
+
+# --------------------------------------------------------------------------- prepared datasets
+
+
+@pytest.fixture(scope="module")
+def random_encoder(tmp_path_factory):
+    """timm's test_resnet at its initialisation (the `random` floor): a real network on the images."""
+    settings = resolve_method_config(tiny_suite_config(batch_size=16, workers=0), METHODS_DIR, "random")
+    folder = tmp_path_factory.mktemp("random")
+    return pretrain(METHODS_DIR / "random", settings, 0, folder, device="cpu", progress=False)
+
+
+def fashion_target(tmp_path) -> dict:
+    """The default's transfer target in miniature: Fashion-MNIST's IDX files, a stratified subset of
+    each split, resized from 28 to 16 px."""
+    root = write_fashion_format(tmp_path / "fashion")
+    subset = {"train": 20, "test": 10}
+    return {"name": "fashion_mnist", "root": str(root), "image_size": 16, "subset": subset, "label": "fm"}
+
+
+def test_features_and_fine_tuning_on_a_prepared_file_equal_those_on_the_datasets_own_files(
+    random_encoder, tmp_path
+):
+    target = fashion_target(tmp_path)
+    prepared = prepare_dataset(target, tmp_path / "prepared" / "fm.npz")
+    paths = {
+        "files": extract(random_encoder, tmp_path / "files.npz", target=target, device="cpu"),
+        "prepared": extract(random_encoder, tmp_path / "prep.npz", target=target, prepared=prepared),
+    }
+    features = {how: load_features(path) for how, path in paths.items()}
+    for key in ("train", "test", "train_labels", "test_labels", "num_classes"):
+        a, b = np.asarray(features["prepared"][key]), np.asarray(features["files"][key])
+        assert a.dtype == b.dtype and np.array_equal(a, b), key
+    assert features["prepared"]["meta"]["eval"] == features["files"]["meta"]["eval"]  # names the section
+    ckpt = read_checkpoint(random_encoder)
+    meta = features["files"]["meta"]
+    assert_same_dataset(evaluation_data(ckpt, meta, prepared), evaluation_data(ckpt, meta))
+    settings = {"epochs": {"1pct": 1, "10pct": 1}, "lr_grid": [0.03], "batch_size": 4}
+    metrics = {
+        how: read_result(
+            run_protocol(
+                "semisup",
+                paths["files"],
+                settings,
+                0,
+                tmp_path / how / "semisup.json",
+                checkpoint_path=random_encoder,
+                prepared=prepared if how == "prepared" else None,
+            )
+        )["metrics"]
+        for how in ("files", "prepared")
+    }
+    assert metrics["prepared"] == metrics["files"]
+
+
+def test_the_protocols_given_the_prepared_file_are_those_that_load_images(grey, tmp_path, monkeypatch):
+    """sslbench.config.protocol_reads_images (the planner's reading of each module's READS_IMAGES)
+    is what the protocols do: those that load images read the prepared file, the others none."""
+    import sslbench.features
+
+    path = extract(grey, tmp_path / "digits.npz", device="cpu")
+    asked = []
+
+    def images_of(checkpoint, features_meta, prepared=None):
+        asked.append(prepared)
+        raise LookupError("images loaded")
+
+    monkeypatch.setattr(sslbench.features, "evaluation_data", images_of)  # linear imports it when run
+    monkeypatch.setattr(semisup, "evaluation_data", images_of)
+    fast = {"lowshot_svm": {"ks": [1], "num_draws": 1, "cost_grid": [1.0]}, "clustering": {"restarts": 1}}
+    cases = [(p, fast.get(p, {})) for p in PROTOCOLS] + [("linear", {"mode": "paper", "epochs": 0})]
+    for protocol, settings in cases:
+        asked.clear()
+        out = tmp_path / "eval" / f"{protocol}.json"
+        try:
+            run_protocol(protocol, path, settings, 0, out, checkpoint_path=grey, prepared="p.npz", maps=False)
+        except LookupError:
+            pass
+        assert asked == (["p.npz"] if protocol_reads_images(protocol, settings) else []), (protocol, settings)
+    assert [c for c in cases if protocol_reads_images(*c)] == [("semisup", {}), cases[-1]]
+
+
+def test_a_job_given_another_sections_prepared_file_says_which_and_how_to_fix_it(grey, tmp_path, monkeypatch):
+    monkeypatch.delenv(DEBUG_VARIABLE, raising=False)
+    prepared = prepare_dataset({"name": "digits", "image_size": 8, "label": "digits"}, tmp_path / "d.npz")
+    out = tmp_path / "digits6.npz"
+    target = json.dumps({"name": "digits", "image_size": 6, "label": "digits6"})
+    argv = ["extract", "--checkpoint", grey, "--target-json", target, "--out", out, "--prepared", prepared]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*map(str, argv), "--device", "cpu"])
+    message = str(exit_.value.code)
+    assert message.startswith(f"sslbench extract: error: {prepared}: prepared from the dataset section ")
+    assert f"--forcerun {prepared}" in message and "Traceback" not in message and not out.exists()

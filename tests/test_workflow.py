@@ -218,3 +218,57 @@ def test_same_config_and_seed_give_a_bit_identical_table(workflow):
     assert "localrule pretrain" in out.stdout + out.stderr or "rule pretrain" in out.stdout + out.stderr
     after = values()
     assert before.equals(after)
+
+
+def planned_inputs(root: Path, cfg: dict) -> dict[tuple, list[str]]:
+    """{(rule, wildcard values...): the job's inputs under results/prepared/} of a dry run of ``cfg``."""
+    (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    out = snakemake(root, "-n", "--forceall", "--cores", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    jobs, rule, inputs = {}, None, []
+    for line in (out.stdout + out.stderr).splitlines():
+        if found := re.match(r"^(?:local)?rule (\w+):$", line):
+            rule, inputs = found[1], []
+        elif found := re.match(r"^\s+input: (.+)$", line):
+            inputs = found[1].split(", ")
+        elif (found := re.match(r"^\s+wildcards: (.+)$", line)) and rule:
+            values = dict(pair.split("=", 1) for pair in found[1].split(", "))
+            keys = ("dataset",) if rule == "prepare" else ("pretrain", "target", "protocol")
+            key = (rule, *(values[k] for k in keys if k in values))
+            jobs[key] = [i for i in inputs if i.startswith("results/prepared/")]
+    return jobs
+
+
+def test_a_prepared_file_is_an_input_of_exactly_the_jobs_that_load_its_images(tmp_path):
+    """One prepare job per dataset held in memory that the plan loads; its file is an input of the
+    pretrain job (the pretraining set), each extraction (its target) and the protocols that load
+    images (semisup, linear in mode paper), never of those on the cached features alone (a new
+    prepared file must not rerun them). A folder dataset decodes lazily: it has none."""
+    root = tmp_path / "wf"
+    root.mkdir()
+    shutil.copy(REPO / "Snakefile", root)
+    shutil.copytree(REPO / "config", root / "config")
+    shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
+    for split in ("train", "val"):
+        (tmp_path / "places" / split / "bakery").mkdir(parents=True)  # planning only looks for them
+    cfg = tiny_suite_config()
+    cfg["datasets"] |= {
+        "digits6": {"name": "digits", "image_size": 6},
+        "places": {"name": "imagefolder", "root": str(tmp_path / "places"), "image_size": 8},
+    }
+    targets = ["pretrain", "digits6", "places"]
+    cfg.update(methods=["random"], protocols=["knn", "linear", "semisup"])
+    cfg["evaluation"]["targets"] = targets
+    cfg["evaluation"]["semisup"]["targets"] = targets
+    prepared = {label: [f"results/prepared/{label}.npz"] for label in ("digits", "digits6")}
+    for mode, image_protocols in (("cached", {"semisup"}), ("paper", {"semisup", "linear"})):
+        cfg["evaluation"]["linear"] = {"mode": mode}
+        jobs = planned_inputs(root, cfg)
+        expected = {("prepare", label): [] for label in prepared}
+        expected["pretrain", "digits"] = prepared["digits"]
+        expected |= {("extract", "digits", t): prepared.get(t, []) for t in ("digits6", "places")}
+        for target in ("digits", "digits6", "places"):
+            for protocol in ("knn", "linear", "semisup"):
+                reads = protocol in image_protocols
+                expected["evaluate", "digits", target, protocol] = prepared.get(target, []) if reads else []
+        assert {k: v for k, v in jobs.items() if k[0] != "collect"} == expected, mode

@@ -117,9 +117,10 @@ def bench_memory(bench: Bench) -> list[dict]:
     preset.write_text(yaml.safe_dump({"methods": [name], "seeds": [bench.seed]}))
     directory = bench.workdir / "memory"
     planned = planned_jobs(bench, directory, preset, target="results/table.csv")
-    # In the order they must run: the pretrain job (it also writes the pretraining set's features),
-    # the extraction of each other evaluation target, each protocol on each target.
-    order = {"pretrain": 0, "extract": 1, "evaluate": 2}
+    # In the order they must run: the prepared datasets (the others' inputs), the pretrain job (it also
+    # writes the pretraining set's features), the extraction of each other evaluation target, each
+    # protocol on each target.
+    order = {"prepare": 0, "pretrain": 1, "extract": 2, "evaluate": 3}
     jobs = sorted(
         (job for job in planned if job.rule in order),
         key=lambda job: (order[job.rule], job.wildcards.get("target", ""), job.wildcards.get("protocol", "")),
@@ -129,13 +130,15 @@ def bench_memory(bench: Bench) -> list[dict]:
         rule, target, protocol = job.rule, job.wildcards.get("target"), job.wildcards.get("protocol")
         for file in job.files:  # as snakemake does before it runs a job
             (directory / file).parent.mkdir(parents=True, exist_ok=True)
-        label = " ".join(filter(None, (rule, name, target, protocol)))
+        label = " ".join(filter(None, (rule, name, target, protocol, job.wildcards.get("dataset"))))
         wall, peak = run_measured(
             ["bash", "-c", job.shell],
             bench.workdir / "logs" / f"{label.replace(' ', '_')}.log",
             env,
             directory,
         )
+        if rule == "prepare":  # a local rule: no resources declared to measure it against
+            continue
         declared = float(bench.config.get("resources", {}).get(rule, {}).get("mem_mb", 4000))
         rows.append(
             row(
@@ -176,6 +179,8 @@ def stage_costs(jobs: pd.DataFrame) -> pd.DataFrame:
 
     def stage(file: str) -> str:
         path = Path(file)
+        if path.parts[-3:-2] == ("prepared",):  # prepared/benchmarks/<dataset>.tsv: one per dataset
+            return "prepare"
         return path.stem.removeprefix(f"{path.parts[-5]}_")  # parts[-5]: the pretraining dataset
 
     grouped = jobs.assign(stage=jobs["file"].map(stage)).groupby("stage")["s"]
