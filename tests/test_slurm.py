@@ -109,6 +109,8 @@ def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
         "evaluate",
         "extract",
         "extract",
+        "prepare",  # the pretraining set and the transfer target, decoded once each
+        "prepare",
         "pretrain",
         "pretrain",
     ]
