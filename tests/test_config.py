@@ -11,6 +11,7 @@ from sslbench.config import (
     deep_merge,
     discover_methods,
     load_config,
+    load_yaml,
     method_slug,
     plan_runs,
     preflight,
@@ -319,7 +320,8 @@ ABLATION_RUNS = {
 
 @pytest.mark.parametrize("name", sorted(ABLATION_RUNS))
 def test_every_ablation_preset_plans_the_runs_its_header_says(name):
-    presets = [REPO / "config" / "imagenet.yaml"] if name.endswith("_imagenet") else []
+    base = "imagenet" if name.endswith("_imagenet") else "digits_30ep"  # the preset each header layers it over
+    presets = [REPO / "config" / f"{base}.yaml"]
     cfg = load_config(REPO / "config", [*presets, REPO / "config" / f"{name}.yaml"])
     runs = resolve_runs(cfg, METHODS_DIR, cfg["methods"])
     assert len(runs) == ABLATION_RUNS[name]
@@ -331,3 +333,55 @@ def test_every_ablation_preset_plans_the_runs_its_header_says(name):
 
 def test_every_ablation_preset_is_listed():
     assert {p.stem for p in (REPO / "config").glob("ablation_*.yaml")} == set(ABLATION_RUNS)
+
+
+# Presets with a recipe of their own: none may inherit a setting the default shortens for its 10 epochs.
+RECIPE_PRESETS = ["digits_30ep", "fashion_mnist", "cifar10", "cifar100", "stl10", "imagenet100", "imagenet"]
+BUDGETS = {"lowshot_svm": ("ks", "num_draws"), "semisup": ("epochs",)}
+
+
+def dotted_keys(section: dict, prefix: str = "") -> list[str]:
+    return [
+        key
+        for name, value in section.items()
+        for key in (dotted_keys(value, f"{prefix}{name}.") if isinstance(value, dict) else [f"{prefix}{name}"])
+    ]
+
+
+def short_run_settings() -> list[tuple[str, str]]:
+    """(method, dotted key) of each method setting the default scales to its 10 epochs: the ones
+    digits_30ep puts back to their 30-epoch values."""
+    overrides = load_yaml(REPO / "config" / "digits_30ep.yaml")["method_overrides"]
+    return [(method, key) for method, section in overrides.items() for key in dotted_keys(section)]
+
+
+def test_the_default_is_short_and_digits_30ep_puts_back_the_30_epoch_values():
+    short, long = load_config(REPO / "config"), preset_config("digits_30ep")
+    assert (short["train"]["epochs"], long["train"]["epochs"]) == (10, 30)
+    for method, key in short_run_settings():
+        resolved = [resolve_method_config(cfg, METHODS_DIR, method) for cfg in (short, long)]
+        values = [r["train"] if key.startswith("train.") else r["params"] for r in resolved]
+        name = key.removeprefix("train.")
+        assert values[0][name] != values[1][name], f"{method}.{key}: the default does not shorten it"
+
+
+@pytest.mark.parametrize("preset", RECIPE_PRESETS)
+def test_presets_with_a_recipe_inherit_none_of_the_short_defaults_settings(preset):
+    """Each sets its own epochs, the protocols' own budgets and every setting the default scales to 10
+    epochs (for the methods it runs), so that none of the default's short-run values leaks into it."""
+    from evaluation import lowshot_svm, semisup
+
+    own = load_yaml(REPO / "config" / f"{preset}.yaml")
+    config = preset_config(preset)
+    assert "epochs" in own["train"]
+    for protocol, module in (("lowshot_svm", lowshot_svm), ("semisup", semisup)):
+        for key in BUDGETS[protocol]:
+            assert protocol_settings(config, protocol)[key] == module.DEFAULTS[key], f"{protocol}.{key}"
+    methods = selected_methods(config, METHODS_DIR)
+    overrides = own.get("method_overrides") or {}
+    missing = [
+        f"{method}.{key}"
+        for method, key in short_run_settings()
+        if method in methods and key not in dotted_keys(overrides.get(method) or {})
+    ]
+    assert not missing, f"config/{preset}.yaml inherits the default's short-run value of {missing}"
