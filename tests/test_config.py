@@ -320,7 +320,7 @@ ABLATION_RUNS = {
 
 @pytest.mark.parametrize("name", sorted(ABLATION_RUNS))
 def test_every_ablation_preset_plans_the_runs_its_header_says(name):
-    base = "imagenet" if name.endswith("_imagenet") else "digits_30ep"  # the preset each header layers it over
+    base = "imagenet" if name.endswith("_imagenet") else "digits_30ep"  # what its header layers it over
     presets = [REPO / "config" / f"{base}.yaml"]
     cfg = load_config(REPO / "config", [*presets, REPO / "config" / f"{name}.yaml"])
     runs = resolve_runs(cfg, METHODS_DIR, cfg["methods"])
@@ -341,11 +341,10 @@ BUDGETS = {"lowshot_svm": ("ks", "num_draws"), "semisup": ("epochs",)}
 
 
 def dotted_keys(section: dict, prefix: str = "") -> list[str]:
-    return [
-        key
-        for name, value in section.items()
-        for key in (dotted_keys(value, f"{prefix}{name}.") if isinstance(value, dict) else [f"{prefix}{name}"])
-    ]
+    keys = []
+    for name, value in section.items():
+        keys += dotted_keys(value, f"{prefix}{name}.") if isinstance(value, dict) else [f"{prefix}{name}"]
+    return keys
 
 
 def short_run_settings() -> list[tuple[str, str]]:
