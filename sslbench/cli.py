@@ -12,10 +12,11 @@ import json
 import os
 import sys
 
-from . import kernels
+from . import kernels, warm
 from .errors import expected_errors
+from .provenance import LAUNCHED_BY
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+WARM_COMMANDS = ("pretrain", "extract", "evaluate")  # the jobs that may import torch
 
 
 def json_argument(text: str):
@@ -30,7 +31,7 @@ def _threads(n: int | None) -> None:
     --cores all fills the machine without oversubscribing. Set before they are imported (each
     reads these at import); nothing heavy is imported here, so a kNN job never pays for torch."""
     if n:
-        for name in THREAD_VARIABLES:
+        for name in kernels.THREAD_VARIABLES:
             os.environ[name] = str(n)
 
 
@@ -262,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     with expected_errors(f"sslbench {args.command}"):  # other exceptions are bugs: their traceback stays
         _threads(args.threads)
         kernels.pin()  # before torch, numpy or faiss load: each reads its variables then
+        if args.command in WARM_COMMANDS and warm.enabled() and not os.environ.get(LAUNCHED_BY):
+            status = warm.run(sys.argv[1:] if argv is None else list(argv))
+            if status is not None:  # the job ran in a child of the warm server (sslbench.warm)
+                return status
         args.func(args)
     return 0
 

@@ -37,6 +37,8 @@ LEVELS = {
     "native": {},
 }
 PINNED = sorted({name for pins in LEVELS.values() for name in pins})
+# The thread counts a job's libraries read when they load (the CLI sets them from --threads).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 class KernelLevelError(SslbenchError, ValueError):

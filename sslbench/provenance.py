@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from functools import cache, lru_cache
@@ -58,6 +59,15 @@ def device_name(device) -> str:
     return f"cpu ({platform.machine()})"
 
 
+LAUNCHED_BY = "SSLBENCH_WARM_SERVER"  # in a job forked from sslbench.warm's server: that server's pid
+
+
+def launch() -> str:
+    """How this process started: its own process, or forked from a warm server (sslbench.warm)."""
+    server = os.environ.get(LAUNCHED_BY)
+    return f"forked from warm server {server}" if server else "own process"
+
+
 def provenance(device) -> dict:
     from .kernels import record
 
@@ -66,6 +76,7 @@ def provenance(device) -> dict:
         "versions": package_versions(),
         "device": device_name(device),
         "cpu_kernels": record(),
+        "launch": launch(),
     }
 
 

@@ -25,6 +25,9 @@ def contract_folders() -> dict[str, Path]:
 
 
 torch.set_num_threads(1)  # tests share 2 cores; keep each process on one
+# Tests call the CLI in this process and expect it to run there: no warm server (tests/test_warm.py
+# turns it on for the processes it starts).
+os.environ.setdefault("SSLBENCH_WARM", "0")
 
 # Real components some tests need from the machine. Where one is missing those tests skip and say why,
 # unless SSLBENCH_REQUIRE (comma-separated; .ci/run sets it) names it: then they fail, so that CI cannot

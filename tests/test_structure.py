@@ -53,7 +53,7 @@ LAYERS = [
     ["report"],
     ["engine"],
     ["bench"],
-    ["cli"],
+    ["cli", "warm"],
 ]
 LAYER = {name: i for i, row in enumerate(LAYERS) for name in row}
 

@@ -1,0 +1,114 @@
+"""The warm server (sslbench.warm): a job forked from it computes what its own process would, and
+reports errors as its own process would."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from conftest import METHODS_DIR, REPO
+
+from sslbench import warm
+
+
+def sslbench(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sslbench.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def pretrain(cfg: dict, out) -> list[str]:
+    config = json.dumps(cfg)
+    return [
+        "pretrain",
+        "--method-dir",
+        str(METHODS_DIR / "simclr"),
+        "--config-json",
+        config,
+        "--seed",
+        "0",
+    ] + [
+        "--out",
+        str(out),
+        "--features-out",
+        str(out / "features.npz"),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--quiet",
+    ]
+
+
+def wait_for(condition, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_job_forked_from_the_warm_server_trains_the_same_bits_and_fails_the_same_way(
+    tmp_path, method_config
+):
+    folder = Path(
+        tempfile.mkdtemp(prefix="warm", dir="/tmp")
+    )  # a short path: a socket's is at most 108 bytes
+    env = {**os.environ, "PYTHONPATH": str(REPO), warm.DIR_VARIABLE: str(folder), warm.IDLE_VARIABLE: "5"}
+    env.pop("SSLBENCH_DEBUG", None)
+    cfg = method_config("simclr", train={"epochs": 1})
+
+    own = sslbench(pretrain(cfg, tmp_path / "own"), {**env, warm.SWITCH: "0"})
+    assert own.returncode == 0, own.stderr
+    starts = sslbench(pretrain(cfg, tmp_path / "starts"), {**env, warm.SWITCH: "1"})  # no server yet
+    assert starts.returncode == 0, starts.stderr
+    sockets = lambda: list(folder.glob("*.sock"))  # noqa: E731
+    wait_for(lambda: len(sockets()) == 1, "the warm server")
+    forked = sslbench(pretrain(cfg, tmp_path / "forked"), {**env, warm.SWITCH: "1"})
+    assert forked.returncode == 0, forked.stderr
+
+    def launch(run):
+        return json.loads((tmp_path / run / "run.json").read_text())["meta"]["launch"]
+
+    assert (launch("own"), launch("starts")) == ("own process", "own process")
+    assert launch("forked").startswith("forked from warm server")
+    reference = torch.load(tmp_path / "own" / "checkpoint.pt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "forked" / "checkpoint.pt", weights_only=False)
+    assert reference["encoder"].keys() == checkpoint["encoder"].keys()
+    for name, tensor in reference["encoder"].items():
+        assert torch.equal(tensor, checkpoint["encoder"][name]), name
+    import numpy as np
+
+    own_features, forked_features = (np.load(tmp_path / run / "features.npz") for run in ("own", "forked"))
+    for split in ("train", "test"):
+        np.testing.assert_array_equal(own_features[split], forked_features[split])
+
+    bad = method_config("simclr", train={"batch_size": 100_000})
+    failed = sslbench(pretrain(bad, tmp_path / "bad"), {**env, warm.SWITCH: "1"})
+    assert failed.returncode == 1
+    assert "sslbench pretrain: error:" in failed.stderr and "Traceback" not in failed.stderr, failed.stderr
+    wait_for(lambda: not sockets(), "the idle server to exit", seconds=30)
+    shutil.rmtree(folder)
+
+
+def test_a_server_serves_only_jobs_that_import_with_the_same_threads_and_kernels(monkeypatch):
+    key = warm.server_key()
+    monkeypatch.setenv("SOMETHING_ELSE", "1")
+    assert warm.server_key() == key
+    for name, value in (
+        ("OMP_NUM_THREADS", "7"),
+        ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+        ("SSLBENCH_CPU_KERNELS", "native"),
+    ):
+        with monkeypatch.context() as changed:
+            changed.setenv(name, value)
+            assert warm.server_key() != key, name
