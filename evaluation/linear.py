@@ -112,6 +112,8 @@ def fit_linear(
     from scipy.optimize import minimize  # here, not at import: paper mode and semisup never fit this
 
     dim = x.shape[1]
+    if len(x) <= CHUNK_ROWS:  # one chunk: promote it once, not at every evaluation (the same numbers)
+        x = x.astype(np.float64, copy=False)
     result = minimize(
         loss_and_gradient,
         np.zeros(num_classes * (dim + 1)),

@@ -16,7 +16,7 @@ from . import kernels, warm
 from .errors import expected_errors
 from .provenance import LAUNCHED_BY
 
-WARM_COMMANDS = ("pretrain", "extract", "evaluate")  # the jobs that may import torch
+WARM_COMMANDS = ("prepare", "pretrain", "extract", "evaluate")  # the jobs (sslbench.warm)
 
 
 def json_argument(text: str):

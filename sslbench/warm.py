@@ -1,21 +1,21 @@
 """A warm interpreter for jobs: a job forks from a process that has already imported torch.
 
 Every job that builds a network would pay ~4 s importing torch, torchvision (which imports
-torch._dynamo) and timm before its own work, often more than the work itself on the default. So a
-job command (``sslbench pretrain|extract|evaluate``) first asks a per-user server to run it: the
-server has imported those packages once, forks a child per request, and the child runs the command
-with the job's working directory, environment, ``sys.path`` and standard streams (passed over a Unix
-socket), exactly as the job's own process would: the same code and kernels give the same bits (a test
-compares). The job's process waits for the child, forwards a signal it gets, and exits with the
-child's status.
+torch._dynamo) and timm before its own work, often more than the work itself on the default, and a
+protocol ~1 s importing scikit-learn. So a job command (``sslbench prepare|pretrain|extract|evaluate``)
+first asks a per-user server to run it. The server has imported those packages once (``PRELOADED``)
+and forks a child per request; the child takes the job's working directory, environment, ``sys.path``
+and standard streams (passed over a Unix socket) and runs the command as the job's own process would:
+the same code and kernels give the same bits (a test compares, and so does a whole default DAG). The
+job's process waits for the child, forwards a signal it gets, and exits with the child's status.
 
-The server imports no project code: each child imports sslbench and the method afresh, so an edit is
-seen by the next job. A server is shared only by jobs whose interpreter, ``sys.path``, kernel pins,
-thread counts and installed torch / torchvision / timm are the same (``server_key``); where none is
-running, the job starts one in the background and runs itself meanwhile. The server exits after
-``SSLBENCH_WARM_IDLE`` seconds (default 30) without a job. ``SSLBENCH_WARM=0`` turns it off; it is off
-under torchrun and where the platform cannot pass file descriptors (not Linux). Its socket, lock and
-log are in ``socket_path``'s folder.
+Each child drops the server's few sslbench modules and imports the project afresh, so an edit is seen
+by the next job. A server is shared only by jobs whose interpreter, ``sys.path``, kernel pins, thread
+counts and installed preloaded packages are the same (``server_key``); where none is running, the job
+starts one in the background and runs itself meanwhile. The server exits after ``SSLBENCH_WARM_IDLE``
+seconds (default 30) without a job. ``SSLBENCH_WARM=0`` turns it off; it is off under torchrun and
+where the platform cannot pass file descriptors (not Linux). Its socket, lock and log are in
+``socket_path``'s folder.
 """
 
 from __future__ import annotations
@@ -38,7 +38,19 @@ from . import kernels
 from .provenance import LAUNCHED_BY
 
 SWITCH, IDLE_VARIABLE, DIR_VARIABLE = "SSLBENCH_WARM", "SSLBENCH_WARM_IDLE", "SSLBENCH_WARM_DIR"
-PRELOADED = ("numpy", "torch", "torchvision", "timm")
+# The slow imports of the jobs: torch, torchvision and timm (networks), scikit-learn (the low-shot SVMs,
+# the t-SNE maps, stratified subsets), scipy's optimiser (the linear probe), faiss (kNN, k-means).
+PRELOADED = (
+    "numpy",
+    "torch",
+    "torchvision",
+    "timm",
+    "sklearn.svm",
+    "sklearn.model_selection",
+    "sklearn.manifold",
+    "scipy.optimize",
+    "faiss",
+)
 # What the preloaded packages read when they are imported: a server serves only jobs that agree.
 IMPORT_ENVIRONMENT = (*kernels.PINNED, kernels.VARIABLE, *kernels.THREAD_VARIABLES)
 
@@ -55,7 +67,7 @@ def server_key() -> str:
     """What a job's process would import and with what, as a digest: the interpreter, sys.path, the
     import-time environment and the installed preloaded packages (their files' modification times)."""
     installed = {}
-    for name in PRELOADED:
+    for name in {name.split(".")[0] for name in PRELOADED}:
         spec = importlib.util.find_spec(name)
         installed[name] = [spec.origin, os.stat(spec.origin).st_mtime_ns] if spec and spec.origin else None
     state = {
