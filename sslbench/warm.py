@@ -13,13 +13,15 @@ Each child drops the server's few sslbench modules and imports the project afres
 by the next job. A server is shared only by jobs whose interpreter, ``sys.path``, kernel pins, thread
 counts and installed preloaded packages are the same (``server_key``); where none is running, the job
 starts one in the background and runs itself meanwhile. The server exits after ``SSLBENCH_WARM_IDLE``
-seconds (default 30) without a job. ``SSLBENCH_WARM=0`` turns it off; it is off under torchrun and
-where the platform cannot pass file descriptors (not Linux). Its socket, lock and log are in
+seconds (default 30) without a job. ``SSLBENCH_WARM=0`` turns it off; it is off under torchrun, in
+a SLURM job (a server started by one allocation would run another's jobs in its own) and where the
+platform cannot pass file descriptors (not Linux). Its socket, lock and log are in
 ``socket_path``'s folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -60,6 +62,7 @@ def enabled() -> bool:
         os.environ.get(SWITCH, "1") != "0"
         and sys.platform == "linux"
         and "LOCAL_RANK" not in os.environ  # torchrun: its processes are its own
+        and "SLURM_JOB_ID" not in os.environ  # a job of one allocation must not run inside another's
     )
 
 
@@ -154,27 +157,41 @@ def serve(path: Path) -> None:
     listener.listen(64)
     idle = float(os.environ.get(IDLE_VARIABLE, "30"))
     waiting: dict[int, socket.socket] = {}  # child pid: its job's connection
+    hung_up: set[int] = set()  # children whose job's process went away: sent SIGTERM
     last = time.monotonic()
     try:
         while waiting or time.monotonic() - last < idle:
-            ready, _, _ = select.select([listener], [], [], 0.05)
-            if ready:
+            watched = [conn for pid, conn in waiting.items() if pid not in hung_up]
+            ready, _, _ = select.select([listener, *watched], [], [], 0.05)
+            if listener in ready:
                 conn, _ = listener.accept()
                 pid = start_job(conn, listener, waiting)
                 if pid:
                     waiting[pid] = conn
                 last = time.monotonic()
+            for pid, conn in waiting.items():  # a job's process that hangs up (killed) takes its child along
+                if conn in ready and hung_up_on(conn):
+                    os.kill(pid, signal.SIGTERM)
+                    hung_up.add(pid)
             while waiting:
                 pid, status = os.waitpid(-1, os.WNOHANG)
                 if pid == 0:
                     break
-                conn = waiting.pop(pid)
-                code = os.waitstatus_to_exitcode(status)
-                with conn:
+                conn, code = waiting.pop(pid), os.waitstatus_to_exitcode(status)
+                hung_up.discard(pid)
+                with conn, contextlib.suppress(OSError):  # its job's process may be gone
                     conn.sendall(f"{code if code >= 0 else 128 - code}\n".encode())
                 last = time.monotonic()
     finally:
         path.unlink(missing_ok=True)
+
+
+def hung_up_on(conn: socket.socket) -> bool:
+    """Whether a job's process closed its end (it sends nothing after its request)."""
+    try:
+        return not conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
 
 
 def start_job(conn: socket.socket, listener: socket.socket, waiting: dict) -> int | None:

@@ -147,7 +147,7 @@ def test_lars_adapts_the_weights_and_gives_biases_and_norms_their_own_lr(trainer
     assert {id(p) for p in biases["params"]} == {id(p) for p in method.parameters() if p.ndim == 1}
     assert (weights["weight_decay"], weights["exclude_from_lars"]) == (1e-6, False)
     assert (
-        weights["trust_coefficient"] == 0.01
+        weights["trust_coefficient"] == 0.02
     )  # the default's eta (README.md; main.py's 1e-3 in the presets)
     assert weights["trust_ratio"] == "update_norm"  # main.py's LARS: eta |w| / |g + wd w|
     assert (biases["weight_decay"], biases["exclude_from_lars"]) == (0.0, True)  # neither decayed nor adapted

@@ -112,3 +112,39 @@ def test_a_server_serves_only_jobs_that_import_with_the_same_threads_and_kernels
         with monkeypatch.context() as changed:
             changed.setenv(name, value)
             assert warm.server_key() != key, name
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":  # state, parent pid; zombies are already gone
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_killed_job_process_takes_its_forked_child_along(tmp_path, method_config):
+    """snakemake cancels a job by killing its process: the child running the job must stop too."""
+    folder = Path(tempfile.mkdtemp(prefix="warm", dir="/tmp"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), warm.DIR_VARIABLE: str(folder), warm.IDLE_VARIABLE: "5"}
+    env[warm.SWITCH] = "1"
+    quick = method_config("simclr", train={"epochs": 1})
+    assert sslbench(pretrain(quick, tmp_path / "starts"), env).returncode == 0  # starts the server
+    wait_for(lambda: list(folder.glob("*.sock")), "the warm server")
+    assert sslbench(pretrain(quick, tmp_path / "warm"), env).returncode == 0
+    server = int(json.loads((tmp_path / "warm" / "run.json").read_text())["meta"]["launch"].rsplit(" ", 1)[1])
+
+    long = method_config("simclr", train={"epochs": 200})
+    job = subprocess.Popen(
+        [sys.executable, "-m", "sslbench.cli", *pretrain(long, tmp_path / "long")], env=env
+    )
+    wait_for(lambda: children_of(server), "the forked job")
+    job.kill()  # SIGKILL: nothing of the job's process runs any more
+    job.wait()
+    wait_for(lambda: not children_of(server), "the child to stop", seconds=30)
+    assert not (tmp_path / "long" / "checkpoint.pt").exists()
+    wait_for(lambda: not list(folder.glob("*.sock")), "the idle server to exit", seconds=30)
+    shutil.rmtree(folder)
