@@ -1,10 +1,14 @@
 """Weighted kNN protocol: exact agreement with naive and sklearn votes, known answers."""
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from sklearn.neighbors import NearestNeighbors
 
 from evaluation import knn
@@ -148,3 +152,37 @@ def test_one_search_at_the_largest_k_scores_every_variant_as_its_own_search(seed
         alone = knn.knn_classify(train, labels, test, v["k"], v["temperature"], c)
         name = knn.variant_name(v["k"], v["temperature"])
         assert metrics[f"top1_{name}"] == float(np.mean(alone.argmax(axis=1) == test_labels))
+
+
+def test_a_knn_or_clustering_job_imports_neither_torch_nor_scikit_learn(tmp_path):
+    """The whole job, as the DAG runs it (`sslbench evaluate`, a fresh process): numpy and faiss only."""
+    from sslbench.featurefile import save_features
+
+    rng = np.random.default_rng(0)
+    meta = {
+        "cfg": {"method_base": "m", "variant": {}},
+        "dataset": "d",
+        "eval": {"dataset": "d"},
+        "method": "m",
+    }
+    features = {
+        "train": rng.normal(size=(60, 8)),
+        "train_labels": np.arange(60) % 3,
+        "test": rng.normal(size=(9, 8)),
+    }
+    features |= {"test_labels": np.arange(9) % 3, "num_classes": 3, "meta": {**meta, "seed": 0}}
+    save_features(tmp_path / "features.npz", features)
+    code = """
+import sys
+from sslbench.cli import main
+for protocol, extra in (("knn", []), ("clustering", ["--no-maps"])):
+    main(["evaluate", "--protocol", protocol, "--features", sys.argv[1], "--settings-json", "{}",
+          "--seed", "0", "--out", sys.argv[2] + protocol + ".json", "--threads", "1", *extra])
+print(sorted(m for m in ("torch", "timm", "torchvision", "sklearn", "pandas") if m in sys.modules))
+"""
+    env = {**os.environ, "SSLBENCH_WARM": "0"}
+    args = [sys.executable, "-c", code, str(tmp_path / "features.npz"), str(tmp_path / "result_")]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / "result_knn.json").exists() and (tmp_path / "result_clustering.json").exists()
