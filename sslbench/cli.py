@@ -14,7 +14,6 @@ import sys
 
 from . import kernels, warm
 from .errors import expected_errors
-from .provenance import LAUNCHED_BY
 
 WARM_COMMANDS = ("prepare", "pretrain", "extract", "evaluate")  # the jobs (sslbench.warm)
 
@@ -263,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     with expected_errors(f"sslbench {args.command}"):  # other exceptions are bugs: their traceback stays
         _threads(args.threads)
         kernels.pin()  # before torch, numpy or faiss load: each reads its variables then
-        if args.command in WARM_COMMANDS and warm.enabled() and not os.environ.get(LAUNCHED_BY):
+        if args.command in WARM_COMMANDS and warm.enabled():
             status = warm.run(sys.argv[1:] if argv is None else list(argv))
             if status is not None:  # the job ran in a child of the warm server (sslbench.warm)
                 return status

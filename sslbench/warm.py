@@ -63,6 +63,7 @@ def enabled() -> bool:
         and sys.platform == "linux"
         and "LOCAL_RANK" not in os.environ  # torchrun: its processes are its own
         and "SLURM_JOB_ID" not in os.environ  # a job of one allocation must not run inside another's
+        and LAUNCHED_BY not in os.environ  # already the forked child: it runs the command itself
     )
 
 
@@ -247,8 +248,8 @@ def run_child(request: dict, fds: list[int]) -> None:
         try:
             code = main(request["argv"]) or 0
         except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-            if done.code is not None and not isinstance(done.code, int):
+            code = 0 if done.code is None else done.code if isinstance(done.code, int) else 1
+            if not isinstance(done.code, int | None):  # a message: the interpreter would print it
                 print(done.code, file=sys.stderr)
     except BaseException:
         import traceback

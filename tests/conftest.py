@@ -2,6 +2,7 @@
 ``require``: what a test does when a real component of the machine is missing."""
 
 import copy
+import json
 import os
 from pathlib import Path
 
@@ -59,6 +60,24 @@ def require(component: str, missing: str | None) -> None:
     if component in required_components():
         pytest.fail(f"{component} is required here (SSLBENCH_REQUIRE) but {missing}", pytrace=False)
     pytest.skip(f"no {component}: {missing}")
+
+
+def pretrain_args(cfg: dict, out, method_dir=METHODS_DIR / "simclr") -> list[str]:
+    """`sslbench pretrain`'s arguments for one run of ``cfg`` on the CPU into ``out``."""
+    return [
+        "pretrain",
+        "--method-dir",
+        str(method_dir),
+        "--config-json",
+        json.dumps(cfg),
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
 
 
 def tiny_suite_config(**train) -> dict:

@@ -1,36 +1,18 @@
 """Errors we expect print their message alone with exit status 1; SSLBENCH_DEBUG=1 adds the traceback;
 any other exception (a bug) keeps its traceback."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
-from conftest import METHODS_DIR, REPO
+from conftest import REPO, pretrain_args
 
 from sslbench import cli
 from sslbench.config import ConfigError
 from sslbench.data import DatasetError
 from sslbench.errors import DEBUG_VARIABLE
 from sslbench.loop import TrainingDiverged
-
-
-def pretrain_args(cfg: dict, out, method_dir=METHODS_DIR / "simclr") -> list[str]:
-    return [
-        "pretrain",
-        "--method-dir",
-        str(method_dir),
-        "--config-json",
-        json.dumps(cfg),
-        "--seed",
-        "0",
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--quiet",
-    ]
 
 
 @pytest.mark.slow

@@ -10,8 +10,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import torch
-from conftest import METHODS_DIR, REPO
+from conftest import REPO, pretrain_args
 
 from sslbench import warm
 
@@ -28,26 +29,24 @@ def sslbench(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 def pretrain(cfg: dict, out) -> list[str]:
-    config = json.dumps(cfg)
-    return [
-        "pretrain",
-        "--method-dir",
-        str(METHODS_DIR / "simclr"),
-        "--config-json",
-        config,
-        "--seed",
-        "0",
-    ] + [
-        "--out",
-        str(out),
-        "--features-out",
-        str(out / "features.npz"),
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-        "--quiet",
-    ]
+    """A one-thread run that also writes its features (the pretrain rule's command line)."""
+    return [*pretrain_args(cfg, out), "--features-out", str(out / "features.npz"), "--threads", "1"]
+
+
+@pytest.fixture
+def warm_env():
+    """The environment of jobs that use a warm server of their own, in a short folder (a socket's path is
+    at most 108 bytes) that is removed once the idle server has exited."""
+    folder = Path(tempfile.mkdtemp(prefix="warm", dir="/tmp"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), warm.DIR_VARIABLE: str(folder), warm.IDLE_VARIABLE: "5"}
+    env.pop("SSLBENCH_DEBUG", None)
+    yield {**env, warm.SWITCH: "1"}
+    wait_for(lambda: not list(folder.glob("*.sock")), "the idle server to exit", seconds=30)
+    shutil.rmtree(folder)
+
+
+def server_up(env: dict) -> bool:
+    return bool(list(Path(env[warm.DIR_VARIABLE]).glob("*.sock")))
 
 
 def wait_for(condition, what: str, seconds: float = 60) -> None:
@@ -58,21 +57,16 @@ def wait_for(condition, what: str, seconds: float = 60) -> None:
 
 
 def test_a_job_forked_from_the_warm_server_trains_the_same_bits_and_fails_the_same_way(
-    tmp_path, method_config
+    tmp_path, method_config, warm_env
 ):
-    folder = Path(
-        tempfile.mkdtemp(prefix="warm", dir="/tmp")
-    )  # a short path: a socket's is at most 108 bytes
-    env = {**os.environ, "PYTHONPATH": str(REPO), warm.DIR_VARIABLE: str(folder), warm.IDLE_VARIABLE: "5"}
-    env.pop("SSLBENCH_DEBUG", None)
+    env = warm_env
     cfg = method_config("simclr", train={"epochs": 1})
 
     own = sslbench(pretrain(cfg, tmp_path / "own"), {**env, warm.SWITCH: "0"})
     assert own.returncode == 0, own.stderr
     starts = sslbench(pretrain(cfg, tmp_path / "starts"), {**env, warm.SWITCH: "1"})  # no server yet
     assert starts.returncode == 0, starts.stderr
-    sockets = lambda: list(folder.glob("*.sock"))  # noqa: E731
-    wait_for(lambda: len(sockets()) == 1, "the warm server")
+    wait_for(lambda: server_up(env), "the warm server")
     forked = sslbench(pretrain(cfg, tmp_path / "forked"), {**env, warm.SWITCH: "1"})
     assert forked.returncode == 0, forked.stderr
 
@@ -96,8 +90,6 @@ def test_a_job_forked_from_the_warm_server_trains_the_same_bits_and_fails_the_sa
     failed = sslbench(pretrain(bad, tmp_path / "bad"), {**env, warm.SWITCH: "1"})
     assert failed.returncode == 1
     assert "sslbench pretrain: error:" in failed.stderr and "Traceback" not in failed.stderr, failed.stderr
-    wait_for(lambda: not sockets(), "the idle server to exit", seconds=30)
-    shutil.rmtree(folder)
 
 
 def test_a_server_serves_only_jobs_that_import_with_the_same_threads_and_kernels(monkeypatch):
@@ -126,14 +118,12 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def test_a_killed_job_process_takes_its_forked_child_along(tmp_path, method_config):
+def test_a_killed_job_process_takes_its_forked_child_along(tmp_path, method_config, warm_env):
     """snakemake cancels a job by killing its process: the child running the job must stop too."""
-    folder = Path(tempfile.mkdtemp(prefix="warm", dir="/tmp"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), warm.DIR_VARIABLE: str(folder), warm.IDLE_VARIABLE: "5"}
-    env[warm.SWITCH] = "1"
+    env = warm_env
     quick = method_config("simclr", train={"epochs": 1})
     assert sslbench(pretrain(quick, tmp_path / "starts"), env).returncode == 0  # starts the server
-    wait_for(lambda: list(folder.glob("*.sock")), "the warm server")
+    wait_for(lambda: server_up(env), "the warm server")
     assert sslbench(pretrain(quick, tmp_path / "warm"), env).returncode == 0
     server = int(json.loads((tmp_path / "warm" / "run.json").read_text())["meta"]["launch"].rsplit(" ", 1)[1])
 
@@ -146,5 +136,3 @@ def test_a_killed_job_process_takes_its_forked_child_along(tmp_path, method_conf
     job.wait()
     wait_for(lambda: not children_of(server), "the child to stop", seconds=30)
     assert not (tmp_path / "long" / "checkpoint.pt").exists()
-    wait_for(lambda: not list(folder.glob("*.sock")), "the idle server to exit", seconds=30)
-    shutil.rmtree(folder)
