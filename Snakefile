@@ -9,9 +9,12 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from sslbench.config import (FEATURES_FILE, PREPARED_FILE, RESULT_FILE, RUN_DIR, ConfigError, code_param,
-                             config_sources, load_config, maps_argument, method_problems, plan_runs, preflight,
-                             protocol_reads_images, protocol_settings, selected_methods)
+from sslbench.errors import ConfigError
+from sslbench.plan.paths import FEATURES_FILE, PREPARED_FILE, RESULT_FILE, RUN_DIR
+from sslbench.plan.protocols import maps_argument, protocol_reads_images, protocol_settings
+from sslbench.plan.runs import plan_runs, selected_methods
+from sslbench.plan.settings import config_sources, load_config
+from sslbench.plan.workflow import code_param, method_problems, preflight
 from sslbench.errors import expected_errors
 from sslbench.provenance import code_digest, tree_record
 
@@ -25,7 +28,7 @@ METHODS_DIR = BASE / "methods"
 
 # Our errors (config, method folders, data) print their message alone; SSLBENCH_DEBUG=1 adds the traceback.
 with expected_errors("sslbench"):
-    # The one merge rule of every reader of the settings (sslbench.config.load_config): default.yaml,
+    # The one merge rule of every reader of the settings (sslbench.plan.settings.load_config): default.yaml,
     # the --configfile presets in order, then --config; checked against config/schema.yaml, errors
     # name the key and the file that set it.
     config.update(load_config(BASE / "config", workflow.overwrite_configfiles,
@@ -106,7 +109,7 @@ def method_sources(wildcards):
 
 def code(stage):
     """The code param of a stage's jobs: with `rerun_on_code_change`, a change to a file the job runs
-    reruns it (sslbench.config.code_param). A function of the wildcards alone: snakemake does not
+    reruns it (sslbench.plan.workflow.code_param). A function of the wildcards alone: snakemake does not
     track a param function that takes `output`."""
     def param(wildcards):
         protocol = wildcards.get("protocol")

@@ -90,7 +90,7 @@ def evaluate(
 def write_side_file(path, data: dict, assignments: np.ndarray, kmeans_settings: dict, maps: bool) -> None:
     """The k = classes cluster ids [restarts, test points] and, with ``maps``, a t-SNE map of a fixed
     test subset."""
-    from sslbench.featurefile import save_features
+    from sslbench.extract.featurefile import save_features
 
     arrays = {"assignments": assignments.astype(np.int64), "num_classes": data["num_classes"]}
     meta = {"kmeans": {**kmeans_settings, "points": "every test point (no subsampling)"}, "tsne": None}

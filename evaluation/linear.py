@@ -284,9 +284,10 @@ def evaluate_paper(
     when there is none), as extracted: its size, the pretraining set's mean and std."""
     import torch
 
-    from sslbench.augment import EvalTransform, ViewAugment, view_config
+    from sslbench.augment.pipeline import EvalTransform, ViewAugment
+    from sslbench.augment.presets import view_config
     from sslbench.distributed import select_device
-    from sslbench.features import embed, evaluation_data, load_encoder, read_checkpoint
+    from sslbench.extract.features import embed, evaluation_data, load_encoder, read_checkpoint
 
     used, ignored = resolve_paper_settings(settings)
     if checkpoint_path is None:

@@ -42,10 +42,11 @@ import numpy as np
 import torch
 
 from sslbench import atomic
-from sslbench.augment import EvalTransform, ViewAugment, view_config
+from sslbench.augment.pipeline import EvalTransform, ViewAugment
+from sslbench.augment.presets import view_config
 from sslbench.data import Dataset, ImageSet
 from sslbench.distributed import select_device
-from sslbench.features import embed, evaluation_data, load_encoder, read_checkpoint
+from sslbench.extract.features import embed, evaluation_data, load_encoder, read_checkpoint
 from sslbench.loop import TrainingDiverged, fit_classifier, make_optimizer
 
 from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import SslbenchError
+from sslbench.errors import SslbenchError
 
 
 class OutputError(SslbenchError, OSError):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import SslbenchError
+from sslbench.errors import SslbenchError
 
 
 class BackboneError(SslbenchError, ValueError):

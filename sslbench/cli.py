@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
-from . import kernels, warm
-from .errors import expected_errors
+from sslbench import kernels, warm
+from sslbench.errors import expected_errors
 
 WARM_COMMANDS = ("prepare", "pretrain", "extract", "evaluate")  # the jobs (sslbench.warm)
 
@@ -35,14 +35,14 @@ def _threads(n: int | None) -> None:
 
 
 def cmd_prepare(args) -> None:
-    from .data import prepare_dataset
+    from sslbench.data import prepare_dataset
 
     prepare_dataset(args.dataset_json, args.out)
 
 
 def cmd_pretrain(args) -> None:
-    from .engine import pretrain
-    from .features import extract_after_training
+    from sslbench.extract.features import extract_after_training
+    from sslbench.pretrain.trainer import pretrain
 
     checkpoint = pretrain(
         args.method_dir,
@@ -58,13 +58,13 @@ def cmd_pretrain(args) -> None:
 
 
 def cmd_extract(args) -> None:
-    from .features import extract
+    from sslbench.extract.features import extract
 
     extract(args.checkpoint, args.out, target=args.target_json, device=args.device, prepared=args.prepared)
 
 
 def cmd_evaluate(args) -> None:
-    from .results import run_protocol
+    from sslbench.evaluate import run_protocol
 
     run_protocol(
         args.protocol,
@@ -79,7 +79,7 @@ def cmd_evaluate(args) -> None:
 
 
 def cmd_collect(args) -> None:
-    from .results import collect, write_failures
+    from sslbench.collect import collect, write_failures
 
     table = collect(args.results, args.out, results_dir=args.results_dir, methods_dir=args.methods)
     if args.failures:
@@ -88,8 +88,10 @@ def cmd_collect(args) -> None:
 
 
 def cmd_status(args) -> None:
-    from .config import config_sources, load_config, method_problems, plan_runs, selected_methods
-    from .results import prepared_states, refresh_command, result_states
+    from sslbench.collect import prepared_states, refresh_command, result_states
+    from sslbench.plan.runs import plan_runs, selected_methods
+    from sslbench.plan.settings import config_sources, load_config
+    from sslbench.plan.workflow import method_problems
 
     config = load_config(args.config_dir, args.configfile)
     methods = selected_methods(config, args.methods)
@@ -122,14 +124,14 @@ def cmd_status(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from .report import build_report
+    from sslbench.report import build_report
 
     path = build_report(args.results, args.methods, args.config, args.out)
     print(f"[sslbench] report -> {path}")
 
 
 def cmd_bench(args) -> None:
-    from .bench import DEFAULT_SECTIONS, run_bench
+    from sslbench.bench import DEFAULT_SECTIONS, run_bench
 
     run_bench(
         args.out,

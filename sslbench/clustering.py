@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import distributed as dist
-from .kmeans import KMeansResult
-from .kmeans import kmeans as faiss_kmeans
+from sslbench import distributed as dist
+from sslbench.kmeans import KMeansResult
+from sslbench.kmeans import kmeans as faiss_kmeans
 
 __all__ = [
     "KMeansResult",

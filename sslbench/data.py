@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from . import atomic, datafiles
-from .datafiles import (  # noqa: F401  (DatasetError and the file lists are re-exported)
+from sslbench import atomic, datafiles
+from sslbench.datafiles import (  # noqa: F401  (DatasetError and the file lists are re-exported)
     CIFAR10_FILES,
     CIFAR100_FILES,
     FASHION_MNIST_FILES,
@@ -41,7 +41,7 @@ from .datafiles import (  # noqa: F401  (DatasetError and the file lists are re-
     FileSpec,
     locate,
 )
-from .errors import rebuild_command, unreadable
+from sslbench.errors import rebuild_command, unreadable
 
 # Output size of `load()` for lazily decoded folder datasets when none is given.
 DEFAULT_LAZY_IMAGE_SIZE = 224
@@ -687,7 +687,7 @@ def prepare_dataset(section: dict, out_path: str | Path) -> Path:
     """Load a dataset section as ``load_data`` does and write it, atomically, to one file that
     ``load_prepared`` reads back bit for bit. Only for datasets held in memory: a folder dataset
     decodes its images per batch, and a copy of them is what it avoids."""
-    from .provenance import code_record, provenance
+    from sslbench.provenance import code_record, provenance
 
     if section["name"] in LAZY_DATASETS:
         raise DatasetError(
@@ -819,3 +819,65 @@ def _resized(dataset: Dataset, size: int) -> Dataset:
     return dataclasses.replace(
         dataset, train=resize(dataset.train), test=resize(dataset.test), image_size=size
     )
+
+
+# --- statistics: what the views are normalised with
+
+# ITU-R 601-2 luma weights (torchvision's rgb_to_grayscale rounds red to 0.2989).
+LUMA_WEIGHTS = (0.299, 0.587, 0.114)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# ImageNet's grey statistics, derived with the same luma weights: the mean is
+# exact; the std assumes fully correlated channels (an upper bound, ~0.226).
+IMAGENET_GREY_MEAN = sum(w * m for w, m in zip(LUMA_WEIGHTS, IMAGENET_MEAN))
+
+IMAGENET_GREY_STD = sum(w * s for w, s in zip(LUMA_WEIGHTS, IMAGENET_STD))
+
+
+def dataset_stats(channels: int, images: torch.Tensor | None = None) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std in [0, 1] units.
+
+    From a uint8 train tensor [N, C, H, W] when given; otherwise ImageNet's
+    values (its luma-weighted grey values for 1 channel).
+    """
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+    if images is None:
+        if channels == 3:
+            return list(IMAGENET_MEAN), list(IMAGENET_STD)
+        return [IMAGENET_GREY_MEAN], [IMAGENET_GREY_STD]
+    check_uint8_batch(images, channels, "dataset_stats(images=...)")
+    total = torch.zeros(channels, dtype=torch.float64)
+    total_sq = torch.zeros(channels, dtype=torch.float64)
+    for chunk in images.split(1024):  # float64 sums in chunks: exact enough, bounded memory
+        values = chunk.to(torch.float64).transpose(0, 1).reshape(channels, -1) / 255
+        total += values.sum(1).cpu()
+        total_sq += values.square().sum(1).cpu()
+    count = images.numel() // channels
+    if count == 0:
+        raise ValueError("dataset_stats got an empty image tensor; pass the training images")
+    mean = total / count
+    std = (total_sq / count - mean.square()).clamp_min(0).sqrt()
+    if (std == 0).any():
+        raise ValueError(
+            f"dataset_stats: a channel is constant (std {std.tolist()}); it cannot be normalised"
+        )
+    return mean.tolist(), std.tolist()
+
+
+def check_uint8_batch(images: torch.Tensor, channels: int, where: str) -> None:
+    if not isinstance(images, torch.Tensor) or images.dim() != 4:
+        raise ValueError(
+            f"{where}: expected a uint8 tensor [B, C, H, W], got {type(images).__name__} "
+            f"of shape {tuple(getattr(images, 'shape', ()))}"
+        )
+    if images.dtype != torch.uint8:
+        raise ValueError(
+            f"{where}: expected dtype uint8 (raw pixels 0..255), got {images.dtype}; "
+            f"pass the dataset's uint8 images, not already-scaled floats"
+        )
+    if images.shape[1] != channels:
+        raise ValueError(f"{where}: expected {channels} channel(s), got shape {tuple(images.shape)}")

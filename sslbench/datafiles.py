@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SslbenchError
+from sslbench.errors import SslbenchError
 
 
 class DatasetError(SslbenchError, ValueError):

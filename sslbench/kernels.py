@@ -27,7 +27,7 @@ import platform
 import sys
 from functools import cache
 
-from .errors import SslbenchError
+from sslbench.errors import SslbenchError
 
 VARIABLE = "SSLBENCH_CPU_KERNELS"
 COMMON = {"MKL_CBWR": "AVX2", "OPENBLAS_CORETYPE": "Haswell", "FAISS_OPT_LEVEL": "avx2"}

@@ -51,7 +51,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, SslbenchError
+from sslbench.errors import ConfigError, SslbenchError
 
 
 class TrainingDiverged(SslbenchError, ValueError):

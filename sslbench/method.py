@@ -87,6 +87,8 @@ class DataInfo:
     num_train: int
     channels: int
     image_size: int
+    batch_size: int  # the global batch (train.batch_size), over every process
+    epochs: int  # train.epochs
 
 
 @dataclass

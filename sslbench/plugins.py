@@ -7,8 +7,8 @@ import inspect
 import sys
 from pathlib import Path
 
-from .errors import SslbenchError
-from .method import REQUIRED_HOOKS, Method
+from sslbench.errors import SslbenchError
+from sslbench.method import REQUIRED_HOOKS, Method
 
 
 class PluginError(SslbenchError, ValueError):

@@ -69,7 +69,7 @@ def launch() -> str:
 
 
 def provenance(device) -> dict:
-    from .kernels import record
+    from sslbench.kernels import record
 
     return {
         **git_state(),
@@ -89,9 +89,9 @@ def provenance(device) -> dict:
 PROJECT_PACKAGES = ("sslbench", "evaluation")
 STAGE_ENTRIES = {
     "prepare": ("sslbench.cli", "sslbench.data"),
-    "pretrain": ("sslbench.cli", "sslbench.engine", "sslbench.features"),
-    "extract": ("sslbench.cli", "sslbench.features"),
-    "evaluate": ("sslbench.cli", "sslbench.results"),
+    "pretrain": ("sslbench.cli", "sslbench.pretrain.trainer", "sslbench.extract.features"),
+    "extract": ("sslbench.cli", "sslbench.extract.features"),
+    "evaluate": ("sslbench.cli", "sslbench.evaluate"),
 }
 # Their imports are not followed: the CLI imports each command lazily, the package re-exports the
 # Method contract lazily (only a method that uses it runs it, and then imports it itself).

@@ -36,8 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import kernels
-from .provenance import LAUNCHED_BY
+from sslbench import kernels
+from sslbench.provenance import LAUNCHED_BY
 
 SWITCH, IDLE_VARIABLE, DIR_VARIABLE = "SSLBENCH_WARM", "SSLBENCH_WARM_IDLE", "SSLBENCH_WARM_DIR"
 # The slow imports of the jobs: torch, torchvision and timm (networks), scikit-learn (the low-shot SVMs,

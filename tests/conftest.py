@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sslbench.config import load_config
+from sslbench.plan.settings import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS_DIR = REPO / "methods"
@@ -20,7 +20,7 @@ EXERCISER_DIR = REPO / "tests" / "methods" / "exerciser"
 
 def contract_folders() -> dict[str, Path]:
     """{name: folder} of every method folder under methods/ and the exerciser."""
-    from sslbench.config import discover_methods
+    from sslbench.plan.runs import discover_methods
 
     return {name: METHODS_DIR / name for name in discover_methods(METHODS_DIR)} | {"exerciser": EXERCISER_DIR}
 
@@ -94,8 +94,8 @@ def tiny_suite_config(**train) -> dict:
 
 def tiny_digits():
     """The tiny suite's pretraining set (8x8 digits), loaded from the settings a run of it gets."""
-    from sslbench.config import resolve_method_config
     from sslbench.data import load_data
+    from sslbench.plan.settings import resolve_method_config
 
     return load_data(resolve_method_config(tiny_suite_config(), METHODS_DIR, "random"))
 
@@ -112,7 +112,7 @@ def suite_config():
 
 @pytest.fixture
 def method_config(suite_config):
-    from sslbench.config import resolve_method_config
+    from sslbench.plan.settings import resolve_method_config
 
     def make(method: str, **overrides) -> dict:
         cfg = copy.deepcopy(suite_config)

@@ -12,22 +12,20 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from conftest import METHODS_DIR, REPO
 
-from sslbench import augment
-from sslbench.augment import (
-    VIEW_PRESETS,
-    EvalTransform,
-    ViewAugment,
-    ViewConfig,
+from sslbench.augment import ops, pipeline, presets
+from sslbench.augment.ops import (
     adjust_brightness,
     adjust_contrast,
     adjust_hue,
     adjust_saturation,
     blur_kernel_size,
-    dataset_stats,
     gaussian_blur,
-    view_config,
 )
-from sslbench.config import load_config, resolve_method_config
+from sslbench.augment.pipeline import EvalTransform, ViewAugment
+from sslbench.augment.presets import VIEW_PRESETS, ViewConfig, view_config
+from sslbench.augment.views import CropGroup, check_view_groups, crop_side, describe_views, view_groups
+from sslbench.data import dataset_stats
+from sslbench.plan.settings import load_config, resolve_method_config
 
 IDENTITY = dict(
     crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0, blur_p=0.0
@@ -224,7 +222,7 @@ def test_crop_matches_torchvision_resized_crop_with_the_drawn_boxes():
     images = random_images(12, 3, 20)
     cfg = view_config("supervised", flip_p=0.5)
     out = ViewAugment(32, 3, *unit_stats(3), cfg)(images, seeded(7))
-    params = augment._draw_params(12, 20, 20, cfg, seeded(7))  # the same draws, replayed
+    params = pipeline._draw_params(12, 20, 20, cfg, seeded(7))  # the same draws, replayed
     for k in range(12):
         box = [int(v[k]) for v in (params.top, params.left, params.height, params.width)]
         expected = TF.resized_crop(images[k].float() / 255, *box, size=[32, 32], antialias=False)
@@ -235,7 +233,7 @@ def test_crop_matches_torchvision_resized_crop_with_the_drawn_boxes():
 
 def test_crop_boxes_respect_scale_ratio_and_image_bounds():
     cfg = view_config("mocov2", crop_scale=(0.2, 0.6))
-    top, left, height, width = augment._draw_crop_boxes(5000, 64, 48, cfg, seeded(0))
+    top, left, height, width = pipeline._draw_crop_boxes(5000, 64, 48, cfg, seeded(0))
     assert (top >= 0).all() and (left >= 0).all()
     assert (top + height <= 64).all() and (left + width <= 48).all()
     area = height * width / (64 * 48)
@@ -244,7 +242,7 @@ def test_crop_boxes_respect_scale_ratio_and_image_bounds():
     assert ratio.min() > 3 / 4 - 0.05 and ratio.max() < 4 / 3 + 0.05
     assert height.unique().numel() > 10 and top.unique().numel() > 10  # truly per sample
     # a box that can never fit falls back to torchvision's central crop
-    top, left, height, width = augment._draw_crop_boxes(4, 10, 40, view_config("none"), seeded(0))
+    top, left, height, width = pipeline._draw_crop_boxes(4, 10, 40, view_config("none"), seeded(0))
     assert height.tolist() == [10] * 4 and width.tolist() == [10] * 4 and left.tolist() == [15] * 4
 
 
@@ -264,7 +262,7 @@ def test_byol_crop_box_is_one_draw_clipped_to_the_image(height, width, scale, ra
     n = 4000
     cfg = view_config("byol_view1", crop_sampler="byol", crop_scale=scale, crop_ratio=ratio)
     g = seeded(3)
-    top, left, h, w = augment._draw_crop_boxes(n, height, width, cfg, g)
+    top, left, h, w = pipeline._draw_crop_boxes(n, height, width, cfg, g)
     assert (top >= 0).all() and (left >= 0).all() and (h >= 1).all() and (w >= 1).all()
     assert (top + h <= height).all() and (left + w <= width).all()
     assert ((top == top.round()) & (left == left.round()) & (h == h.round()) & (w == w.round())).all()
@@ -295,11 +293,11 @@ def test_byol_crop_clips_where_torchvision_falls_back_to_a_centre_crop():
     # Area 1 x 16 x 16 at ratio 4/3: sides round(18.5) = 18 and round(13.9) = 14. BYOL clips the width to
     # 16 (a 14 x 16 box at random offsets); torchvision's 10 tries all fail and it takes the central 12 x 16.
     cfg = view_config("byol_view1", crop_scale=(1.0, 1.0), crop_ratio=(4 / 3, 4 / 3))
-    top, left, h, w = augment._draw_crop_boxes(
+    top, left, h, w = pipeline._draw_crop_boxes(
         200, 16, 16, dataclasses.replace(cfg, crop_sampler="byol"), seeded(0)
     )
     assert set(h.tolist()) == {14} and set(w.tolist()) == {16} and set(top.tolist()) == {0, 1, 2}
-    top, left, h, w = augment._draw_crop_boxes(200, 16, 16, cfg, seeded(0))
+    top, left, h, w = pipeline._draw_crop_boxes(200, 16, 16, cfg, seeded(0))
     assert set(h.tolist()) == {12} and set(w.tolist()) == {16} and set(top.tolist()) == {2}
 
 
@@ -366,7 +364,7 @@ def test_jitter_applies_each_samples_ops_in_its_own_order_like_torchvision():
     images = random_images(48, 3, 8, seed=3)
     cfg = view_config("none", jitter_p=0.75, brightness=0.6, contrast=0.6, saturation=0.6, hue=0.3)
     out = ViewAugment(8, 3, *unit_stats(3), cfg)(images, seeded(11))
-    params = augment._draw_params(48, 8, 8, cfg, seeded(11))  # the same draws, replayed
+    params = pipeline._draw_params(48, 8, 8, cfg, seeded(11))  # the same draws, replayed
     ops = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue)
     assert 0 < params.jitter.sum() < 48 and params.jitter_order.unique(dim=0).shape[0] > 6
     for k in range(48):
@@ -495,9 +493,9 @@ def hue_then_grey_setting(preset: str, **extra) -> ViewConfig:
 def test_grey_then_jitter_differs_from_jitter_then_grey_for_hue_on_colour_images():
     images = random_images(32, 3, 6, seed=5)
     x = images.float() / 255
-    grey = augment.grayscale(x).expand(-1, 3, -1, -1)
-    params = augment._draw_params(32, 6, 6, hue_then_grey_setting("mocov2"), seeded(3))  # replayed draws
-    hue_then_grey = augment.grayscale(adjust_hue(x, params.jitter_factors[:, 3])).expand(-1, 3, -1, -1)
+    grey = ops.grayscale(x).expand(-1, 3, -1, -1)
+    params = pipeline._draw_params(32, 6, 6, hue_then_grey_setting("mocov2"), seeded(3))  # replayed draws
+    hue_then_grey = ops.grayscale(adjust_hue(x, params.jitter_factors[:, 3])).expand(-1, 3, -1, -1)
     first = ViewAugment(6, 3, *unit_stats(3), hue_then_grey_setting("mocov2", grey_first=True))
     second = ViewAugment(6, 3, *unit_stats(3), hue_then_grey_setting("mocov2", grey_first=False))
     torch.testing.assert_close(first(images, seeded(3)), grey, atol=1e-6, rtol=0)  # hue: no-op on grey
@@ -505,14 +503,14 @@ def test_grey_then_jitter_differs_from_jitter_then_grey_for_hue_on_colour_images
     assert (hue_then_grey - grey).abs().amax(dim=(1, 2, 3)).min() > 1e-3  # differ for every sample
     # pure red rotated by a third of a turn is green: grey 0.587, not red's 0.299
     red = torch.tensor([1.0, 0.0, 0.0]).view(1, 3, 1, 1)
-    assert augment.grayscale(adjust_hue(red, torch.tensor([1 / 3]))).item() == pytest.approx(0.587)
+    assert ops.grayscale(adjust_hue(red, torch.tensor([1 / 3]))).item() == pytest.approx(0.587)
 
 
 def test_the_colour_order_changes_no_draw():
     # the same seed draws the same parameters under both orders; only their application differs
     cfg = view_config("simclr")
-    one = augment._draw_params(16, 8, 8, dataclasses.replace(cfg, grey_first=False), seeded(1))
-    other = augment._draw_params(16, 8, 8, dataclasses.replace(cfg, grey_first=True), seeded(1))
+    one = pipeline._draw_params(16, 8, 8, dataclasses.replace(cfg, grey_first=False), seeded(1))
+    other = pipeline._draw_params(16, 8, 8, dataclasses.replace(cfg, grey_first=True), seeded(1))
     for field in dataclasses.fields(one):
         assert torch.equal(getattr(one, field.name), getattr(other, field.name)), field.name
     images = random_images(16, 3, 8)
@@ -526,7 +524,7 @@ def test_each_preset_puts_grey_and_jitter_in_its_official_order(preset):
     assert VIEW_PRESETS[preset].grey_first is OFFICIAL_GREY_FIRST[preset]
     images = random_images(16, 3, 6, seed=2)
     out = ViewAugment(6, 3, *unit_stats(3), hue_then_grey_setting(preset))(images, seeded(4))
-    grey = augment.grayscale(images.float() / 255).expand(-1, 3, -1, -1)
+    grey = ops.grayscale(images.float() / 255).expand(-1, 3, -1, -1)
     assert torch.allclose(out, grey, atol=1e-6) is OFFICIAL_GREY_FIRST[preset]
 
 
@@ -573,11 +571,11 @@ def test_dataset_stats_from_images_and_imagenet_defaults():
 def test_solarise_inverts_the_values_at_or_above_the_threshold():
     x = torch.tensor([0.0, 0.25, 0.4999, 0.5, 0.75, 1.0]).view(1, 1, 1, 6)
     expected = torch.tensor([0.0, 0.25, 0.4999, 0.5, 0.25, 0.0]).view(1, 1, 1, 6)
-    torch.testing.assert_close(augment.solarise(x, 0.5), expected)
+    torch.testing.assert_close(ops.solarise(x, 0.5), expected)
     # PIL's ImageOps.solarize inverts 128 of 255 and above (0.5 itself is its own inverse, so it cannot
     # tell "at or above" from "above").
     pil = torch.tensor([127, 128, 200]) / 255
-    torch.testing.assert_close(augment.solarise(pil, 128 / 255), torch.tensor([127, 127, 55]) / 255)
+    torch.testing.assert_close(ops.solarise(pil, 128 / 255), torch.tensor([127, 127, 55]) / 255)
 
 
 def test_the_pil_threshold_solarises_every_level_as_imageops_solarize():
@@ -586,9 +584,9 @@ def test_the_pil_threshold_solarises_every_level_as_imageops_solarize():
     levels = torch.arange(256, dtype=torch.uint8)
     image = Image.frombytes("L", (256, 1), bytes(levels.tolist()))
     pil = torch.tensor(list(ImageOps.solarize(image).tobytes()))
-    ours = augment.solarise(levels.float() / 255, augment.PIL_SOLARISE_THRESHOLD)
+    ours = ops.solarise(levels.float() / 255, presets.PIL_SOLARISE_THRESHOLD)
     assert torch.equal((ours * 255).round().long(), pil)  # level 128 is inverted (0.502 would keep it)
-    assert VIEW_PRESETS["byol_view2"].solarise_threshold == augment.PIL_SOLARISE_THRESHOLD
+    assert VIEW_PRESETS["byol_view2"].solarise_threshold == presets.PIL_SOLARISE_THRESHOLD
 
 
 # Each solarising method's official threshold and crop sampler (BYOL's own code; the PyTorch codes call
@@ -606,7 +604,7 @@ OFFICIAL_VIEWS = {
 def test_each_method_solarises_at_its_official_threshold_and_crops_with_its_sampler(preset):
     config = load_config(REPO / "config", [REPO / "config" / f"{preset}.yaml"] if preset else [])
     for method, (threshold, sampler) in OFFICIAL_VIEWS.items():
-        groups = augment.view_groups(resolve_method_config(config, METHODS_DIR, method)["augment"], 16, 2)
+        groups = view_groups(resolve_method_config(config, METHODS_DIR, method)["augment"], 16, 2)
         solarised = [g.config.solarise_threshold for g in groups if g.config.solarise_p > 0]
         assert solarised and solarised == [threshold] * len(solarised), (preset, method)
         assert {g.config.crop_sampler for g in groups} == {sampler}, (preset, method)
@@ -617,11 +615,11 @@ def test_a_solarised_view_is_the_same_view_solarised_and_its_coin_is_drawn_last(
     base = view_config("byol_view2", solarise_p=0.0)
     always = ViewAugment(24, 3, *unit_stats(3), dataclasses.replace(base, solarise_p=1.0))(images, seeded(4))
     never = ViewAugment(24, 3, *unit_stats(3), base)(images, seeded(4))  # the same crops, jitter, blur
-    torch.testing.assert_close(always, augment.solarise(never, base.solarise_threshold))
+    torch.testing.assert_close(always, ops.solarise(never, base.solarise_threshold))
     # Without solarisation nothing more is drawn; with it, one coin per sample after everything else.
     g_without, g_with = seeded(5), seeded(5)
-    augment._draw_params(64, 24, 24, base, g_without)
-    augment._draw_params(64, 24, 24, dataclasses.replace(base, solarise_p=0.2), g_with)
+    pipeline._draw_params(64, 24, 24, base, g_without)
+    pipeline._draw_params(64, 24, 24, dataclasses.replace(base, solarise_p=0.2), g_with)
     torch.rand(64, generator=g_without)
     assert torch.equal(g_without.get_state(), g_with.get_state())
 
@@ -645,8 +643,8 @@ def test_byol_views_view_one_always_blurred_view_two_solarised_at_its_rate():
     )
 
     def views(first: ViewConfig, second: ViewConfig):
-        groups = [augment.CropGroup(1, size, first), augment.CropGroup(1, size, second)]
-        return augment.MultiViewAugment(groups, 3, *unit_stats(3))(images, seeded(7))
+        groups = [CropGroup(1, size, first), CropGroup(1, size, second)]
+        return pipeline.MultiViewAugment(groups, 3, *unit_stats(3))(images, seeded(7))
 
     v1, v2 = views(one, two)
     v1_unblurred, v2_unblurred = views(
@@ -658,18 +656,18 @@ def test_byol_views_view_one_always_blurred_view_two_solarised_at_its_rate():
     assert torch.equal(v1, views(one, dataclasses.replace(two, solarise_p=0.0))[0])  # view 1: never solarised
     solarised = (v2 != v2_plain).flatten(1).any(1)
     assert abs(solarised.float().mean().item() - 0.2) < 0.03  # view 2: solarise p 0.2
-    torch.testing.assert_close(v2[solarised], augment.solarise(v2_plain[solarised], two.solarise_threshold))
+    torch.testing.assert_close(v2[solarised], ops.solarise(v2_plain[solarised], two.solarise_threshold))
 
 
 def test_augment_forms_and_their_views():
-    byol = augment.view_groups([{"preset": "byol_view1"}, {"preset": "byol_view2"}], 16, 2)
+    byol = view_groups([{"preset": "byol_view1"}, {"preset": "byol_view2"}], 16, 2)
     assert [(g.count, g.size, g.config) for g in byol] == [
         (1, 16, VIEW_PRESETS["byol_view1"]),
         (1, 16, VIEW_PRESETS["byol_view2"]),
     ]
-    same = augment.view_groups([{"preset": "simclr"}, {"preset": "simclr"}], 16, 2)  # merged: one call
+    same = view_groups([{"preset": "simclr"}, {"preset": "simclr"}], 16, 2)  # merged: one call
     assert [(g.count, g.config) for g in same] == [(2, VIEW_PRESETS["simclr"])]
-    assert [(g.count, g.size) for g in augment.view_groups({"preset": "supcon"}, 16, 3)] == [(3, 16)]
+    assert [(g.count, g.size) for g in view_groups({"preset": "supcon"}, 16, 3)] == [(3, 16)]
     swav = {
         "preset": "simclr",
         "blur_p": 0.0,
@@ -678,16 +676,16 @@ def test_augment_forms_and_their_views():
             {"count": 6, "size": 96 / 224, "crop_scale": [0.05, 0.14], "preset": "mocov2"},
         ],
     }
-    groups = augment.view_groups(swav, 16, 2)
+    groups = view_groups(swav, 16, 2)
     assert [(g.count, g.size) for g in groups] == [(2, 16), (6, 7)]  # 96 / 224 x 16 = 6.86 px -> 7
     assert groups[0].config == view_config("simclr", blur_p=0.0, crop_scale=(0.14, 1))
     assert groups[1].config == view_config("mocov2", blur_p=0.0, crop_scale=(0.05, 0.14))  # a group's preset
-    assert [augment.crop_side(s, 32) for s in (1.0, 96 / 224, 0.5, 0.25)] == [32, 14, 16, 8]
-    assert [(g.count, g.size) for g in augment.view_groups(swav, 224, 2)] == [(2, 224), (6, 96)]
-    assert augment.crop_side(0.5, 9) == 5  # 4.5 px: halves round up
-    assert augment.describe_views(groups) == "2 x 16px + 6 x 7px"
+    assert [crop_side(s, 32) for s in (1.0, 96 / 224, 0.5, 0.25)] == [32, 14, 16, 8]
+    assert [(g.count, g.size) for g in view_groups(swav, 224, 2)] == [(2, 224), (6, 96)]
+    assert crop_side(0.5, 9) == 5  # 4.5 px: halves round up
+    assert describe_views(groups) == "2 x 16px + 6 x 7px"
     images = random_images(4, 1, 16)
-    views = augment.MultiViewAugment(groups, 1, *unit_stats(1))(images, seeded(0))
+    views = pipeline.MultiViewAugment(groups, 1, *unit_stats(1))(images, seeded(0))
     assert [tuple(v.shape) for v in views] == [(4, 1, 16, 16)] * 2 + [(4, 1, 7, 7)] * 6
     # Each group's views are the views its own pipeline draws, in turn from the one generator.
     g = seeded(0)
@@ -718,22 +716,22 @@ def test_bad_augment_forms_name_the_key(setting, needle):
     from sslbench.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
-        augment.view_groups(setting, 16, 2)
+        view_groups(setting, 16, 2)
     assert needle in str(err.value)
 
 
 def test_the_views_must_fit_the_method():
     from sslbench.errors import ConfigError
 
-    two_global_six_local = augment.view_groups({"crops": [{"count": 2}, {"count": 6, "size": 0.5}]}, 16, 2)
-    augment.check_view_groups(two_global_six_local, 2, multi_crop=True, image_size=16)
+    two_global_six_local = view_groups({"crops": [{"count": 2}, {"count": 6, "size": 0.5}]}, 16, 2)
+    check_view_groups(two_global_six_local, 2, multi_crop=True, image_size=16)
     with pytest.raises(ConfigError, match=r"gives 8 view\(s\) but the method takes 2"):
-        augment.check_view_groups(two_global_six_local, 2, multi_crop=False, image_size=16)
-    local_first = augment.view_groups({"crops": [{"count": 1, "size": 0.5}, {"count": 2}]}, 16, 2)
+        check_view_groups(two_global_six_local, 2, multi_crop=False, image_size=16)
+    local_first = view_groups({"crops": [{"count": 1, "size": 0.5}, {"count": 2}]}, 16, 2)
     with pytest.raises(ConfigError, match=r"their sides are \[8, 16\]"):
-        augment.check_view_groups(local_first, 2, multi_crop=True, image_size=16)
+        check_view_groups(local_first, 2, multi_crop=True, image_size=16)
     with pytest.raises(ConfigError, match=r"gives 1 view\(s\)"):
-        augment.check_view_groups(augment.view_groups([{}], 16, 2), 2, multi_crop=True, image_size=16)
+        check_view_groups(view_groups([{}], 16, 2), 2, multi_crop=True, image_size=16)
 
 
 # ----------------------------------------------------------------------------- augmentation policies

@@ -9,15 +9,11 @@ import pytest
 import yaml
 from conftest import REPO, tiny_suite_config
 
-from sslbench.config import (
-    ConfigError,
-    config_sources,
-    load_config,
-    plan_runs,
-    preflight,
-    protocol_defaults,
-    selected_methods,
-)
+from sslbench.errors import ConfigError
+from sslbench.plan.protocols import protocol_defaults
+from sslbench.plan.runs import plan_runs, selected_methods
+from sslbench.plan.settings import config_sources, load_config
+from sslbench.plan.workflow import preflight
 
 CONFIG_DIR = REPO / "config"
 
@@ -316,7 +312,7 @@ def preset_files(stem: str) -> list[Path]:
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 def test_every_preset_resolves_for_every_method(preset):
-    from sslbench.config import resolve_runs, selected_methods
+    from sslbench.plan.runs import resolve_runs, selected_methods
 
     config = load_config(CONFIG_DIR, preset_files(preset.stem))
     runs = resolve_runs(config, REPO / "methods", selected_methods(config, REPO / "methods"))

@@ -11,9 +11,9 @@ import torch
 from conftest import METHODS_DIR, hadamard_columns
 from torch import nn
 
-from sslbench.engine import Trainer
 from sslbench.loop import Lars
 from sslbench.losses import barlow_twins, cross_correlation, off_diagonal
+from sslbench.pretrain.trainer import Trainer
 
 LAMBD = 0.0051
 BN_EPS = 1e-5  # main.py's BatchNorm1d(affine=False): its standardisation divides by sqrt(var + 1e-5)

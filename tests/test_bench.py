@@ -16,7 +16,7 @@ from sslbench.bench import COLUMNS, SECTIONS, Repeats, Sizes, run_bench
 from sslbench.bench.core import Bench, check_sections
 from sslbench.bench.jobs import planned_jobs, run_measured, snakemake_benchmarks, stage_costs
 from sslbench.bench.solvers import exp_vote_weights, inertia, sela_settings
-from sslbench.config import ConfigError
+from sslbench.errors import ConfigError
 
 TINY = Sizes(
     knn_train=1500,

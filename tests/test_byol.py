@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, tiny_digits
 from torch import nn
 
-from sslbench.config import ConfigError
-from sslbench.engine import Trainer, build_method
+from sslbench.errors import ConfigError
 from sslbench.losses import cosine_regression
+from sslbench.pretrain.trainer import Trainer, build_method
 
 
 @pytest.fixture(scope="module")

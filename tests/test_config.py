@@ -6,20 +6,12 @@ import sys
 import pytest
 from conftest import METHODS_DIR, REPO, preset_config, tiny_suite_config
 
-from sslbench.config import (
-    ConfigError,
-    deep_merge,
-    discover_methods,
-    load_config,
-    load_yaml,
-    method_slug,
-    plan_runs,
-    preflight,
-    protocol_settings,
-    resolve_method_config,
-    resolve_runs,
-    selected_methods,
-)
+from sslbench.errors import ConfigError
+from sslbench.plan.checks import deep_merge, load_yaml
+from sslbench.plan.protocols import protocol_settings
+from sslbench.plan.runs import discover_methods, method_slug, plan_runs, resolve_runs, selected_methods
+from sslbench.plan.settings import load_config, resolve_method_config
+from sslbench.plan.workflow import preflight
 
 
 def test_discovery_finds_method_folders_and_skips_template(tmp_path):

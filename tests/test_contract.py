@@ -20,12 +20,13 @@ import torch
 from conftest import METHODS_DIR, contract_folders, tiny_suite_config
 from torch import nn
 
-from sslbench import momentum
-from sslbench.config import ConfigError, resolve_method_config
-from sslbench.engine import Trainer, pretrain
+from sslbench.pretrain import momentum
+from sslbench.errors import ConfigError
 from sslbench.loop import Lars, learning_rate
 from sslbench.method import embed_crops
-from sslbench.momentum import momentum_at
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.momentum import momentum_at
+from sslbench.pretrain.trainer import Trainer, pretrain
 
 FOLDERS = contract_folders()
 BATCH = 128  # 10 steps per epoch on the 1,347 digits: seconds per method

@@ -648,7 +648,7 @@ def test_a_refresh_rebuilds_a_prepared_file_made_by_code_that_has_changed(tmp_pa
     """`sslbench status` forceruns such a file: the jobs it reruns would otherwise read old images."""
     from conftest import METHODS_DIR
 
-    from sslbench.results import prepared_states, refresh_command
+    from sslbench.collect import prepared_states, refresh_command
 
     path = data.prepare_dataset(sections(tmp_path)["digits"], tmp_path / "digits.npz")
     missing, broken = tmp_path / "missing.npz", tmp_path / "broken.npz"

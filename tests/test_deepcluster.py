@@ -9,9 +9,9 @@ from conftest import METHODS_DIR
 
 from sslbench.backbones import SobelFilter
 from sslbench.clustering import kmeans, pca_whiten, uniform_over_clusters
-from sslbench.config import ConfigError
-from sslbench.engine import Trainer, pretrain
-from sslbench.features import embed, load_encoder, read_checkpoint
+from sslbench.errors import ConfigError
+from sslbench.extract.features import embed, load_encoder, read_checkpoint
+from sslbench.pretrain.trainer import Trainer, pretrain
 
 
 def trainer(tmp_path, method_config, **overrides) -> Trainer:

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR, tiny_digits, tiny_suite_config
 
-from sslbench.config import ConfigError, resolve_method_config
-from sslbench.engine import Trainer, build_method
+from sslbench.errors import ConfigError
 from sslbench.method import EpochContext
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.trainer import Trainer, build_method
 
 BATCH = 16
 OUT = 32  # the tiny head's output dim

@@ -44,8 +44,8 @@ import torch
 from conftest import METHODS_DIR, REPO, contract_folders, tiny_suite_config
 
 from sslbench import distributed as dist
-from sslbench.config import resolve_method_config
-from sslbench.engine import Trainer
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ import torch
 from conftest import METHODS_DIR, require
 
 from sslbench import cli
-from sslbench.engine import CheckpointMismatch, Trainer, pretrain
 from sslbench.loop import TrainingDiverged, learning_rate, make_optimizer, uses_fused_optimizer
+from sslbench.pretrain.trainer import CheckpointMismatch, Trainer, pretrain
 
 
 def schedule(**kw):
@@ -225,7 +225,7 @@ class Diverges(Method):
 
 
 def test_nan_loss_stops_with_a_diagnostic_and_keeps_the_last_good_checkpoint(tmp_path, suite_config):
-    from sslbench.config import resolve_method_config
+    from sslbench.plan.settings import resolve_method_config
 
     folder = tmp_path / "methods" / "diverges"
     folder.mkdir(parents=True)
@@ -255,7 +255,7 @@ def write_imagefolder(root, classes=3, per_class=12, size=12):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_folder_dataset_trains_through_dataloader_workers(tmp_path, method_config, workers):
-    from sslbench.batches import FolderBatches
+    from sslbench.pretrain.batches import FolderBatches
 
     write_imagefolder(tmp_path / "data")
     cfg = method_config("simclr", train={"epochs": 1, "batch_size": 12, "workers": workers})

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO, pretrain_args
 
 from sslbench import cli
-from sslbench.config import ConfigError
+from sslbench.errors import ConfigError
 from sslbench.data import DatasetError
 from sslbench.errors import DEBUG_VARIABLE
 from sslbench.loop import TrainingDiverged

@@ -7,7 +7,7 @@ from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, nor
 
 from evaluation import clustering
 from evaluation.common import l2_normalize, seed_for
-from sslbench.featurefile import load_features
+from sslbench.extract.featurefile import load_features
 from sslbench.kmeans import kmeans
 
 
@@ -139,14 +139,14 @@ def test_without_maps_the_side_file_keeps_its_assignments_and_leaves_out_the_tsn
 
 
 def test_only_the_first_seed_of_a_run_computes_the_maps_the_report_draws():
-    from sslbench.config import MAP_PROTOCOLS, maps_argument
+    from sslbench.plan.protocols import MAP_PROTOCOLS, maps_argument
 
     assert [maps_argument("clustering", s, [2, 0, 1]) for s in (0, 1, 2)] == ["", "--no-maps", "--no-maps"]
     assert maps_argument("knn", 1, [0, 1]) == ""  # no maps: nothing to leave out
     # the protocols named there are those whose evaluate() takes `maps`
     import inspect
 
-    from sslbench.results import protocol_module
+    from sslbench.evaluate import protocol_module
 
     for name in ("clustering", "knn", "linear", "lowshot_svm", "semisup"):
         takes = "maps" in inspect.signature(protocol_module(name).evaluate).parameters

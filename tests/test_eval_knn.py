@@ -156,7 +156,7 @@ def test_one_search_at_the_largest_k_scores_every_variant_as_its_own_search(seed
 
 def test_a_knn_or_clustering_job_imports_neither_torch_nor_scikit_learn(tmp_path):
     """The whole job, as the DAG runs it (`sslbench evaluate`, a fresh process): numpy and faiss only."""
-    from sslbench.featurefile import save_features
+    from sslbench.extract.featurefile import save_features
 
     rng = np.random.default_rng(0)
     meta = {

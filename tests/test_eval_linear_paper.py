@@ -9,13 +9,15 @@ import torch
 from conftest import METHODS_DIR, tiny_suite_config
 
 from evaluation import linear
-from sslbench.augment import EvalTransform, ViewAugment, view_config
-from sslbench.config import resolve_method_config
+from sslbench.augment.pipeline import EvalTransform, ViewAugment
+from sslbench.augment.presets import view_config
+from sslbench.collect import read_result
 from sslbench.data import ImageSet, load_dataset
-from sslbench.engine import pretrain
-from sslbench.features import embed, extract, load_encoder, read_checkpoint
+from sslbench.evaluate import run_protocol
+from sslbench.extract.features import embed, extract, load_encoder, read_checkpoint
 from sslbench.loop import learning_rate
-from sslbench.results import read_result, run_protocol
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.trainer import pretrain
 
 FAST = {"mode": "paper", "epochs": 3, "milestones": [2], "batch_size": 128}
 # Enough to learn on the untrained floor's raw (unstandardised) features of 8x8 digits in ~1 s:

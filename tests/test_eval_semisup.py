@@ -14,11 +14,12 @@ from conftest import METHODS_DIR, tiny_suite_config
 from PIL import Image
 
 from evaluation import semisup
-from sslbench.augment import ViewAugment, view_config
-from sslbench.config import resolve_method_config
+from sslbench.augment.pipeline import ViewAugment
+from sslbench.augment.presets import view_config
 from sslbench.data import ImageSet, load_data, load_dataset
-from sslbench.engine import pretrain
-from sslbench.features import read_checkpoint
+from sslbench.extract.features import read_checkpoint
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.trainer import pretrain
 
 FAST = {"epochs": {"1pct": 20, "10pct": 10}, "lr_grid": [0.01, 0.03]}
 CHANCE_MARGIN = 0.1 + 4.5 * math.sqrt(0.1 * 0.9 / 450)  # 450 test digits, 10 classes

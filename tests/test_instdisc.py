@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR
 
-from sslbench.config import ConfigError
-from sslbench.engine import Trainer
+from sslbench.errors import ConfigError
 from sslbench.losses import instance_nce
+from sslbench.pretrain.trainer import Trainer
 
 
 def test_nce_loss_by_hand():

@@ -8,7 +8,6 @@ import pytest
 import torch
 from conftest import METHODS_DIR, REPO
 
-from sslbench.config import load_config, resolve_method_config
 from sslbench.errors import ConfigError
 from sslbench.loop import (
     Lars,
@@ -22,6 +21,7 @@ from sslbench.loop import (
     warmup_steps,
 )
 from sslbench.method import exclude_bias_and_norm
+from sslbench.plan.settings import load_config, resolve_method_config
 
 
 @pytest.mark.parametrize(

@@ -10,20 +10,19 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, preset_config
 from torch import nn
 
-from sslbench.augment import ViewConfig, view_config
-from sslbench.config import resolve_method_config
+from sslbench.augment.presets import ViewConfig, view_config
 from sslbench.data import load_data
-from sslbench.engine import Trainer, build_method
 from sslbench.losses import info_nce
-from sslbench.momentum import (
-    KeyQueue,
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.moco import (
     MomentumEncoder,
     check_version,
-    fit_queue_size,
     moco_head,
     temperature_of,
     use_split_batch_norm,
 )
+from sslbench.pretrain.queue import KeyQueue, fit_queue_size
+from sslbench.pretrain.trainer import Trainer, build_method
 
 BATCH = 64  # the tiny suite's batch size (tests/conftest.py)
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, tiny_digits
 from torch import nn
 
-from sslbench.engine import Trainer, build_method
 from sslbench.losses import batch_info_nce
+from sslbench.pretrain.trainer import Trainer, build_method
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR, REPO, preset_config
 
-from sslbench.config import load_yaml, resolve_method_config
 from sslbench.data import load_data
-from sslbench.engine import Trainer, build_method
 from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce
+from sslbench.plan.checks import load_yaml
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.trainer import Trainer, build_method
 
 BATCH = 64  # the tiny suite's batch size (tests/conftest.py)
 

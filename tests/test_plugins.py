@@ -43,7 +43,7 @@ def test_missing_required_hook(tmp_path):
 
 
 def test_paper_yaml_with_missing_fields_is_named_before_training(tmp_path):
-    from sslbench.config import method_problems
+    from sslbench.plan.workflow import method_problems
 
     folder = tmp_path / "m"
     folder.mkdir()
@@ -60,7 +60,7 @@ def test_paper_yaml_with_missing_fields_is_named_before_training(tmp_path):
 
 
 def test_every_repository_method_folder_is_sound():
-    from sslbench.config import method_problems
+    from sslbench.plan.workflow import method_problems
 
     assert method_problems(METHODS_DIR) == {}
 

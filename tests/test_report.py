@@ -22,7 +22,8 @@ from conftest import REPO, require
 from matplotlib import image as mpimg
 
 from evaluation import clustering
-from sslbench.features import save_features
+from sslbench.evaluate import side_file
+from sslbench.extract.features import save_features
 from sslbench.report import ReportInputError, build_report
 from sslbench.report.figures import (
     ablation_figure,
@@ -31,9 +32,8 @@ from sslbench.report.figures import (
     read_clustering_side_file,
     sorted_sizes,
 )
+from sslbench.report.stats import HEADLINE
 from sslbench.report.tables import first_seed_runs, read_runs, run_folder, sweep_points
-from sslbench.results import side_file
-from sslbench.stats import HEADLINE
 
 DATASET = "digits"
 TARGET = "fashion_mnist"  # a transfer target of the digits runs: knn and linear of alpha and beta only

@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR, fixed_batch_losses, preset_config, tiny_digits, tiny_suite_config
 
-from sslbench.augment import VIEW_PRESETS, view_config
+from sslbench.augment.presets import VIEW_PRESETS, view_config
 from sslbench.clustering import sinkhorn, sinkhorn_labels
-from sslbench.config import resolve_method_config
-from sslbench.engine import Trainer, build_method, pretrain
 from sslbench.loop import learning_rate
+from sslbench.plan.settings import resolve_method_config
 from sslbench.plugins import load_method_class
+from sslbench.pretrain.trainer import Trainer, build_method, pretrain
 
 SeLa = load_method_class(METHODS_DIR / "sela")
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, fixed_batch_losses, tiny_digits
 from torch import nn
 
-from sslbench.engine import Trainer, build_method
 from sslbench.method import embed_views
 from sslbench.plugins import load_method_class
+from sslbench.pretrain.trainer import Trainer, build_method
 
 LARGE_NUM = 1e9  # objective.py's mask value
 simclr_method = inspect.getmodule(load_method_class(METHODS_DIR / "simclr"))  # its nt_xent_sum

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, tiny_digits
 from torch import nn
 
-from sslbench.engine import Trainer, build_method
 from sslbench.losses import negative_cosine
+from sslbench.pretrain.trainer import Trainer, build_method
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from torch import nn
 
 from sslbench.backbones import create_backbone
 from sslbench.data import load_data
-from sslbench.engine import build_method
-from sslbench.momentum import SplitBatchNorm2d, use_split_batch_norm
+from sslbench.pretrain.moco import SplitBatchNorm2d, use_split_batch_norm
+from sslbench.pretrain.trainer import build_method
 
 BATCH = 64  # the tiny suite's batch size (tests/conftest.py)
 

@@ -11,8 +11,9 @@ import yaml
 from conftest import METHODS_DIR, REPO, preset_config
 
 from evaluation.knn import variant_name
-from sslbench.config import ConfigError, protocol_settings
-from sslbench.stats import (
+from sslbench.errors import ConfigError
+from sslbench.plan.protocols import protocol_settings
+from sslbench.report.stats import (
     HEADLINE,
     TableError,
     ablation_table,

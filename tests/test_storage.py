@@ -13,12 +13,13 @@ import torch
 from conftest import METHODS_DIR, REPO, tiny_suite_config
 
 from sslbench import atomic, cli
-from sslbench.config import resolve_method_config
-from sslbench.engine import Trainer, pretrain
+from sslbench.collect import collect
 from sslbench.errors import DEBUG_VARIABLE
-from sslbench.featurefile import load_features, save_features
-from sslbench.features import extract, read_checkpoint
-from sslbench.results import collect, run_protocol
+from sslbench.evaluate import run_protocol
+from sslbench.extract.featurefile import load_features, save_features
+from sslbench.extract.features import extract, read_checkpoint
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.trainer import Trainer, pretrain
 
 RUN = "digits/simclr/seed0"
 

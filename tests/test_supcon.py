@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, fixed_batch_losses, tiny_digits
 from torch import nn
 
-from sslbench.engine import Trainer, build_method
 from sslbench.losses import supcon
 from sslbench.method import embed_views
+from sslbench.pretrain.trainer import Trainer, build_method
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from conftest import METHODS_DIR, fixed_batch_losses, tiny_digits
 
-from sslbench.engine import Trainer, build_method
+from sslbench.pretrain.trainer import Trainer, build_method
 
 
 @pytest.fixture(scope="module")

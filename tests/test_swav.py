@@ -14,10 +14,11 @@ from conftest import METHODS_DIR, tiny_digits, tiny_suite_config
 
 from sslbench import distributed as dist
 from sslbench.clustering import sinkhorn, swav_sinkhorn
-from sslbench.config import ConfigError, resolve_method_config
-from sslbench.engine import Trainer, build_method
+from sslbench.errors import ConfigError
 from sslbench.losses import cross_view_cross_entropy
-from sslbench.momentum import KeyQueue
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.queue import KeyQueue
+from sslbench.pretrain.trainer import Trainer, build_method
 
 BATCH = 16
 K = 8  # prototypes of the tiny method

@@ -16,13 +16,15 @@ from test_data import assert_same_dataset, write_fashion_format
 from evaluation import semisup
 from evaluation.common import ProtocolError
 from sslbench import cli
-from sslbench.config import MULTILABEL_PROTOCOLS, protocol_reads_images, resolve_method_config
+from sslbench.collect import read_result, result_rows
 from sslbench.data import VOC_CLASSES, Dataset, ImageSet, convert_channels, load_dataset, prepare_dataset
-from sslbench.engine import pretrain
 from sslbench.errors import DEBUG_VARIABLE
-from sslbench.featurefile import load_features, save_features
-from sslbench.features import evaluation_data, extract, read_checkpoint
-from sslbench.results import read_result, result_rows, run_protocol
+from sslbench.evaluate import run_protocol
+from sslbench.extract.featurefile import load_features, save_features
+from sslbench.extract.features import evaluation_data, extract, read_checkpoint
+from sslbench.plan.protocols import MULTILABEL_PROTOCOLS, protocol_reads_images
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.trainer import pretrain
 
 SIZE = 8
 PROTOCOLS = ["knn", "linear", "lowshot_svm", "clustering", "semisup"]
@@ -91,7 +93,7 @@ def grey(tmp_path_factory):
 @pytest.fixture(scope="module")
 def colour(tmp_path_factory, files):
     """The pixels baseline on the colour Places205 folder (folder sets normalise with ImageNet's
-    statistics, sslbench.augment.dataset_stats)."""
+    statistics, sslbench.data.dataset_stats)."""
     places = {"places205": {"name": "imagefolder", "root": str(files["places"]), "image_size": SIZE}}
     return pixels_checkpoint(tmp_path_factory.mktemp("colour"), places, "places205")
 

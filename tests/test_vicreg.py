@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from conftest import METHODS_DIR, hadamard_columns
 from torch import nn
 
-from sslbench.engine import Trainer
 from sslbench.loop import Lars
 from sslbench.losses import covariance_penalty, variance_hinge
+from sslbench.pretrain.trainer import Trainer
 
 EPS = 1e-4  # main_vicreg.py: std = sqrt(Var + 0.0001)
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import REPO, tiny_suite_config
 
-from sslbench.config import discover_methods
+from sslbench.plan.runs import discover_methods
 
 pytestmark = pytest.mark.slow
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

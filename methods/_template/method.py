@@ -19,7 +19,7 @@ class MyMethod(Method):
 
     def __init__(self, backbone, info, cfg):
         # backbone: the timm model (num_classes=0); backbone.num_features is self.feature_dim.
-        # info: DataInfo(num_classes, num_train, channels, image_size).
+        # info: DataInfo(num_classes, num_train, channels, image_size, batch_size, epochs).
         # cfg["params"]: the settings of this folder's config.yaml (after preset overrides).
         super().__init__(backbone, info, cfg)
         p = cfg["params"]

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from sslbench.backbones import backbone_from_config
-from sslbench.config import ConfigError
+from sslbench.errors import ConfigError
 from sslbench.losses import cosine_regression
 from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
-from sslbench.momentum import freeze, frozen_copy
+from sslbench.pretrain.momentum import freeze, frozen_copy
 
 
 class BYOL(Method):

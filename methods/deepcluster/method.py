@@ -24,7 +24,7 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.clustering import kmeans, pca_whiten, uniform_over_clusters
-from sslbench.config import ConfigError
+from sslbench.errors import ConfigError
 from sslbench.method import Method
 
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslbench import distributed as dist
-from sslbench.config import ConfigError
+from sslbench.errors import ConfigError
 from sslbench.losses import instance_nce
 from sslbench.method import Method
 

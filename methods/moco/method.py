@@ -10,15 +10,24 @@
         SGD step on f_q
         f_k = m f_k + (1 - m) f_q     # the engine's momentum update of momentum_pairs()
 
-The machinery (split BN, key encoder, queue) lives in sslbench/momentum.py, shared with PCL.
-The evaluated encoder is the query backbone.
+The building blocks (split BN, key encoder, version table) are in sslbench/pretrain/moco.py and the
+queue in sslbench/pretrain/queue.py, shared with PCL. The evaluated encoder is the query backbone.
 """
 
 import torch.nn.functional as F
 
+from sslbench import distributed as dist
 from sslbench.losses import info_nce
 from sslbench.method import Method
-from sslbench.momentum import moco_components, temperature_of
+from sslbench.pretrain.moco import (
+    MomentumEncoder,
+    check_bn_splits,
+    check_version,
+    moco_head,
+    temperature_of,
+    use_split_batch_norm,
+)
+from sslbench.pretrain.queue import KeyQueue, fit_queue_size
 
 
 class MoCo(Method):
@@ -26,8 +35,17 @@ class MoCo(Method):
 
     def __init__(self, backbone, info, cfg):
         super().__init__(backbone, info, cfg)
-        self.projector, self.key_encoder, self.queue = moco_components(self.backbone, info.num_train, cfg)
-        self.temperature = temperature_of(cfg["params"])
+        p = cfg["params"]
+        check_version(cfg)
+        # Split BN before the copy, so that the key encoder has it too.
+        use_split_batch_norm(
+            self.backbone, check_bn_splits(p["bn_splits"], info.batch_size // dist.world_size())
+        )
+        self.projector = moco_head(p["version"], self.backbone.num_features, p["dim"])
+        self.key_encoder = MomentumEncoder([self.backbone, self.projector])
+        # K: every step enqueues the global batch's keys (moco/builder.py asserts K % batch == 0).
+        self.queue = KeyQueue(fit_queue_size(p["queue_size"], info.batch_size, info.num_train), p["dim"])
+        self.temperature = temperature_of(p)
 
     def training_loss(self, views, labels, indices):
         q = F.normalize(self.projector(self.backbone(views[0])), dim=1)

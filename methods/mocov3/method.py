@@ -25,7 +25,7 @@ from torch import nn
 from sslbench import distributed as dist
 from sslbench.losses import batch_info_nce
 from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
-from sslbench.momentum import frozen_copy
+from sslbench.pretrain.momentum import frozen_copy
 
 
 class MoCoV3(Method):

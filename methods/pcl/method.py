@@ -27,10 +27,18 @@ import torch.nn.functional as F
 
 from sslbench import distributed as dist
 from sslbench.clustering import concentration, kmeans
-from sslbench.config import ConfigError
+from sslbench.errors import ConfigError
 from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes
 from sslbench.method import Method
-from sslbench.momentum import moco_components, temperature_of
+from sslbench.pretrain.moco import (
+    MomentumEncoder,
+    check_bn_splits,
+    check_version,
+    moco_head,
+    temperature_of,
+    use_split_batch_norm,
+)
+from sslbench.pretrain.queue import KeyQueue, fit_queue_size
 
 
 class PCL(Method):
@@ -39,13 +47,17 @@ class PCL(Method):
     def __init__(self, backbone, info, cfg):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
-        self.projector, self.key_encoder, self.queue = moco_components(self.backbone, info.num_train, cfg)
+        check_version(cfg)  # PCL v1 / v2 build on MoCo v1 / v2 (pcl/builder.py)
+        use_split_batch_norm(
+            self.backbone, check_bn_splits(p["bn_splits"], info.batch_size // dist.world_size())
+        )
+        self.projector = moco_head(p["version"], self.backbone.num_features, p["dim"])
+        self.key_encoder = MomentumEncoder([self.backbone, self.projector])
+        self.queue = KeyQueue(fit_queue_size(p["queue_size"], info.batch_size, info.num_train), p["dim"])
         self.temperature = temperature_of(p)
         self.warmup_epochs = int(p["warmup_epochs"])
         self.num_clusters = check_num_clusters(p["num_clusters"], info.num_train)
-        self.num_negatives = check_num_negatives(
-            p["num_negatives"], self.num_clusters, int(cfg["train"]["batch_size"])
-        )
+        self.num_negatives = check_num_negatives(p["num_negatives"], self.num_clusters, info.batch_size)
         self.proto_logits = check_proto_logits(p["proto_logits"])
         self.alpha = float(p["alpha"])
         self.fixed_concentration = check_fixed_concentration(p["fixed_concentration"])

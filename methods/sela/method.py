@@ -25,7 +25,7 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.clustering import equipartition_labels, sinkhorn_labels
-from sslbench.config import ConfigError
+from sslbench.errors import ConfigError
 from sslbench.method import Method
 
 
@@ -44,9 +44,7 @@ class SeLa(Method):
             )
         self.lam = float(p["lam"])
         self.sinkhorn_tol, self.sinkhorn_max_iters = float(p["sinkhorn_tol"]), int(p["sinkhorn_max_iters"])
-        self.relabel_epochs = self.relabel_schedule(
-            cfg["train"]["epochs"], p["num_relabels"], p["relabel_power"]
-        )
+        self.relabel_epochs = self.relabel_schedule(info.epochs, p["num_relabels"], p["relabel_power"])
         self.heads = nn.Linear(self.feature_dim, self.num_heads * self.num_clusters)  # W_1..W_H stacked
         # The engine seeds torch with the run's seed before building the method: the labels follow it.
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))

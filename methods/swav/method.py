@@ -24,10 +24,10 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.clustering import swav_sinkhorn
-from sslbench.config import ConfigError
+from sslbench.errors import ConfigError
 from sslbench.losses import cross_view_cross_entropy
 from sslbench.method import Method, embed_crops
-from sslbench.momentum import KeyQueue, fit_queue_size
+from sslbench.pretrain.queue import KeyQueue, fit_queue_size
 
 CONFIG = "methods/swav/config.yaml"
 
@@ -63,7 +63,7 @@ class SwAV(Method):
         self.queue_start_epoch = int(p["queue_start_epoch"])
         self.queues = nn.ModuleList()  # one per assigning crop; empty without a queue
         if p["queue_size"]:
-            size = fit_queue_size(p["queue_size"], int(cfg["train"]["batch_size"]), info.num_train)
+            size = fit_queue_size(p["queue_size"], info.batch_size, info.num_train)
             for _ in range(self.num_views):
                 queue = KeyQueue(size, p["feat_dim"])
                 queue.keys.zero_()  # the official queue starts empty (zeros) and is used once full

@@ -40,9 +40,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import atomic
-from ..config import ConfigError
-from .core import (
+from sslbench import atomic
+from sslbench.bench.core import (
     COLUMNS,
     DEFAULT_SECTIONS,
     SECTIONS,
@@ -58,9 +57,10 @@ from .core import (
     to_frame,
     usable_cores,
 )
-from .jobs import bench_dag, bench_memory
-from .solvers import bench_kmeans, bench_knn, bench_sinkhorn
-from .step import bench_split_bn, bench_step, bench_views
+from sslbench.bench.jobs import bench_dag, bench_memory
+from sslbench.bench.solvers import bench_kmeans, bench_knn, bench_sinkhorn
+from sslbench.bench.step import bench_split_bn, bench_step, bench_views
+from sslbench.errors import ConfigError
 
 __all__ = ["COLUMNS", "DEFAULT_SECTIONS", "SECTIONS", "Repeats", "Sizes", "run_bench"]
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..config import ConfigError, discover_methods, load_config, selected_methods
+from sslbench.errors import ConfigError
+from sslbench.plan.runs import discover_methods, selected_methods
+from sslbench.plan.settings import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS_DIR = REPO / "methods"
@@ -215,8 +217,8 @@ def meets(ratio, target: tuple[str, float] | None) -> bool | None:
 
 
 def to_frame(rows: list[dict], bench: Bench) -> pd.DataFrame:
-    from ..distributed import select_device
-    from ..provenance import device_name, git_state
+    from sslbench.distributed import select_device
+    from sslbench.provenance import device_name, git_state
 
     device = device_name(select_device(bench.device))
     frame = pd.DataFrame(rows)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from ..config import ConfigError
-from .core import REPO, Bench, row
+from sslbench.bench.core import REPO, Bench, row
+from sslbench.errors import ConfigError
 
 # ru_maxrss is a high-water mark that survives exec: a child forked from this (large) process
 # starts with our RSS. So each command runs under a small Python wrapper, and the wrapper's own

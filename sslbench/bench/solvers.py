@@ -8,8 +8,8 @@ import functools
 import numpy as np
 import torch
 
-from ..config import resolve_method_config
-from .core import METHODS_DIR, Bench, interleaved, median, row, sync, timed
+from sslbench.bench.core import METHODS_DIR, Bench, interleaved, median, row, sync, timed
+from sslbench.plan.settings import resolve_method_config
 
 KNN_SPEEDUP_TARGET = (">=", 10.0)
 KNN_AGREEMENT_TARGET = (">=", 1.0)
@@ -27,7 +27,7 @@ def exp_vote_weights(cosine_distances: np.ndarray, temperature: float) -> np.nda
 
 
 def bench_knn(bench: Bench) -> list[dict]:
-    from ..results import protocol_module
+    from sslbench.evaluate import protocol_module
 
     knn = protocol_module("knn")
     s = bench.sizes
@@ -125,7 +125,7 @@ def inertia(points: np.ndarray, centroids: np.ndarray) -> float:
 def bench_kmeans(bench: Bench) -> list[dict]:
     from sklearn.cluster import KMeans
 
-    from ..clustering import kmeans
+    from sslbench.clustering import kmeans
 
     s = bench.sizes
     points = random_features(s.kmeans_points, s.dim, np.random.default_rng(bench.seed + 1))
@@ -221,8 +221,8 @@ def sela_settings(config: dict) -> dict:
 def bench_sinkhorn(bench: Bench) -> list[dict]:
     import warnings
 
-    from ..clustering import sinkhorn
-    from ..distributed import select_device
+    from sslbench.clustering import sinkhorn
+    from sslbench.distributed import select_device
 
     s, settings = bench.sizes, sela_settings(bench.config)
     generator = torch.Generator().manual_seed(bench.seed + 2)

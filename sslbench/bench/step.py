@@ -10,9 +10,9 @@ import json
 
 import torch
 
-from ..augment import describe_views
-from ..config import resolve_method_config
-from .core import METHODS_DIR, Bench, interleaved, median, row, sync, timed
+from sslbench.augment.views import describe_views
+from sslbench.bench.core import METHODS_DIR, Bench, interleaved, median, row, sync, timed
+from sslbench.plan.settings import resolve_method_config
 
 STEP_TARGET = ("<=", 1.10)  # method step / bare step
 VIEWS_TARGET = (">=", 3.0)  # view images/s / model images/s
@@ -34,8 +34,8 @@ class BareLoop:
     into one forward) and optimiser, with the mean of the backbone's outputs as the loss."""
 
     def __init__(self, trainer):
-        from ..engine import build_backbone
-        from ..loop import make_optimizer
+        from sslbench.loop import make_optimizer
+        from sslbench.pretrain.trainer import build_backbone
 
         # The method's initial backbone weights, device and fast paths: like against like.
         self.backbone = build_backbone(trainer.cfg, trainer.data, trainer.seed).to(trainer.device)
@@ -45,7 +45,7 @@ class BareLoop:
         self.trainer = trainer
 
     def forward_backward(self, views: list[torch.Tensor]) -> torch.Tensor:
-        from ..method import embed_crops
+        from sslbench.method import embed_crops
 
         with self.trainer.autocast():  # the views of one size in one forward: the fastest way through
             loss = torch.cat(embed_crops(self.backbone, views)).float().mean()
@@ -62,7 +62,7 @@ class BareLoop:
 def build_trainer(name: str, bench: Bench, **params):
     """The engine's Trainer of a method as the bench's config sets it up (``params`` override the
     method's own settings)."""
-    from ..engine import Trainer
+    from sslbench.pretrain.trainer import Trainer
 
     cfg = resolve_method_config(bench.config, METHODS_DIR, name)
     cfg["params"].update(params)
@@ -109,8 +109,8 @@ def walk_hooks(trainer, budget_s: float) -> list[float]:
     """Seconds of each on_epoch_start call, epoch 0, 1, ... as training calls them, until the run's
     last epoch or until the calls took ``budget_s``. Leaves the method as that epoch finds it
     (PCL with prototypes, SeLa with relabelled targets), so the steps timed next are typical."""
-    from ..engine import TrainState
-    from ..method import Method
+    from sslbench.method import Method
+    from sslbench.pretrain.trainer import TrainState
 
     if type(trainer.method).on_epoch_start is Method.on_epoch_start:
         return []
@@ -270,7 +270,7 @@ def split_bn_layers_row(bench: Bench, splits: int) -> dict:
     forward without gradient (the key encoder)."""
     from torch import nn
 
-    from ..momentum import SplitBatchNorm2d
+    from sslbench.pretrain.moco import SplitBatchNorm2d
 
     trainer = build_trainer("moco", bench, bn_splits=1)
     backbone = trainer.method.backbone
@@ -331,7 +331,8 @@ def bench_views(bench: Bench) -> list[dict]:
 def multi_crop_views_rows(name: str, bench: Bench) -> list[dict]:
     """MULTI_CROP's views against the model, on the data, backbone and device of method ``name``
     (its trainer, with the views swapped: the engine's own view pipeline and view-making)."""
-    from ..augment import MultiViewAugment, view_groups
+    from sslbench.augment.pipeline import MultiViewAugment
+    from sslbench.augment.views import view_groups
 
     trainer = build_trainer(name, bench)
     trainer.view_groups = view_groups(MULTI_CROP, trainer.data.image_size, 2)

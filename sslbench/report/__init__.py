@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import atomic
-from .figures import draw_ablations, draw_figures
-from .page import render_page
-from .tables import ReportInputError, compute_tables, read_runs, read_table, write_tables
+from sslbench import atomic
+from sslbench.report.figures import draw_ablations, draw_figures
+from sslbench.report.page import render_page
+from sslbench.report.tables import ReportInputError, compute_tables, read_runs, read_table, write_tables
 
 __all__ = ["ReportInputError", "build_report"]
 

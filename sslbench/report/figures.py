@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import atomic
-from ..results import side_file
-from ..stats import HEADLINE, PAIR, TOP1, headline_stats, pair_id, pair_name
-from .tables import Run, Tables, first_seed_runs
+from sslbench import atomic
+from sslbench.evaluate import side_file
+from sslbench.report.stats import HEADLINE, PAIR, TOP1, headline_stats, pair_id, pair_name
+from sslbench.report.tables import Run, Tables, first_seed_runs
 
 MAX_ESTEP_PANELS = 6
 
@@ -254,7 +254,7 @@ def training_curves(runs: list[Run], dataset: str, colours: dict):
 
 def read_clustering_side_file(run: Run, target: str) -> dict | None:
     """What the clustering protocol wrote beside its result on ``target`` (None where it did not run)."""
-    from ..featurefile import load_features
+    from sslbench.extract.featurefile import load_features
 
     path = side_file(run.folder / "eval" / target / "clustering.json")
     return load_features(path) if path.is_file() else None

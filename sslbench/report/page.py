@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..stats import (
+from sslbench.report.figures import Figure
+from sslbench.report.stats import (
     ALPHA,
     HEADLINE,
     MISSING,
@@ -25,8 +26,7 @@ from ..stats import (
     pair_name,
     significant,
 )
-from .figures import Figure
-from .tables import (
+from sslbench.report.tables import (
     MATRIX_NOTE,
     STALE_NOTE,
     Run,

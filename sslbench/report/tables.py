@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import atomic
-from ..config import METHOD_SECTIONS, flatten, method_slug
-from ..errors import SslbenchError, unreadable
-from ..stats import (
+from sslbench import atomic
+from sslbench.errors import SslbenchError, unreadable
+from sslbench.plan.runs import flatten, method_slug
+from sslbench.plan.settings import METHOD_SECTIONS
+from sslbench.report.stats import (
     MISSING,
     PAIR,
     STALE_MARK,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslbench.method import Method, embed_crops, exclude_bias_and_norm
-from sslbench.momentum import frozen_copy
+from sslbench.pretrain.momentum import frozen_copy
 
 
 class Exerciser(Method):

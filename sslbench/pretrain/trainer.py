@@ -18,19 +18,21 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import atomic
-from . import distributed as dist
-from .augment import EvalTransform, MultiViewAugment, check_view_groups, dataset_stats, view_groups
-from .backbones import backbone_from_config
-from .batches import batch_source
-from .config import ConfigError, dataset_label
-from .data import Dataset, load_data
-from .errors import SslbenchError
-from .loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate
-from .method import DataInfo, EpochContext, Method, checked_param_groups
-from .momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
-from .plugins import load_method_class
-from .provenance import code_record, provenance
+from sslbench import atomic
+from sslbench import distributed as dist
+from sslbench.augment.pipeline import EvalTransform, MultiViewAugment
+from sslbench.augment.views import check_view_groups, view_groups
+from sslbench.backbones import backbone_from_config
+from sslbench.errors import ConfigError
+from sslbench.data import Dataset, dataset_stats, load_data
+from sslbench.errors import SslbenchError
+from sslbench.loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate
+from sslbench.method import DataInfo, EpochContext, Method, checked_param_groups
+from sslbench.plan.settings import dataset_label
+from sslbench.plugins import load_method_class
+from sslbench.pretrain.batches import batch_source
+from sslbench.pretrain.momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
+from sslbench.provenance import code_record, provenance
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
@@ -76,6 +78,8 @@ def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) ->
         num_train=len(data.train),
         channels=data.channels,
         image_size=data.image_size,
+        batch_size=int(cfg["train"]["batch_size"]),
+        epochs=int(cfg["train"]["epochs"]),
     )
     return cls(backbone, info, cfg)
 

@@ -22,16 +22,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from .config import (
-    DEFAULT_FILE,
-    PAPER_FIELDS,
-    SCHEMA_FILE,
-    ConfigError,
-    load_config,
-    paper_entries,
-    plan_runs,
-)
-from .errors import SslbenchError
+from sslbench.errors import ConfigError
+from sslbench.errors import SslbenchError
+from sslbench.plan.paper import PAPER_FIELDS, paper_entries
+from sslbench.plan.runs import plan_runs
+from sslbench.plan.settings import DEFAULT_FILE, SCHEMA_FILE, load_config
 
 ALPHA = 0.05
 MISSING = "—"

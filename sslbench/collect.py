@@ -1,30 +1,25 @@
 """Result files and the long-format table built from them.
 
-One JSON per (pretraining dataset, method, seed, evaluation target, protocol) under
-``results/{pretrain}/{method}/seed{seed}/eval/{target}/{protocol}.json`` ({method}: the label's
-folder name, ``config.method_slug``); ``collect`` turns every one under results/ into
-``results/table.csv``, one row per metric with every setting that produced it and whether the code
-it ran has changed since (``stale``).
-"""
+``collect`` turns every result JSON under results/ into ``results/table.csv``, one row per metric
+with every setting that produced it and whether the code it ran has changed since (``stale``);
+``result_states`` says which stage of each result is out of date (``sslbench status``)."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import math
 import shlex
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import atomic
-from .config import PROTOCOL_PACKAGE, RESULT_FILE, RESULTS_DIR
-from .errors import SslbenchError, unreadable
-from .provenance import changed_files, code_digest, code_record, provenance
+from sslbench import atomic
+from sslbench.errors import SslbenchError, unreadable
+from sslbench.plan.paths import RESULT_FILE, RESULTS_DIR
+from sslbench.provenance import changed_files, code_digest
 
 if TYPE_CHECKING:
     import pandas as pd
+
 
 # Columns first in the table; the rest follow in alphabetical order.
 KEY_COLUMNS = [
@@ -38,88 +33,17 @@ KEY_COLUMNS = [
     "metric",
     "value",
 ]
+
+
 SORT_COLUMNS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol", "metric"]
+
+
 # The code each stage ran, as recorded: (table column, where in a result).
 CODE_STAGES = {
     "code_pretrain": lambda result: result["run"]["code"],
     "code_extract": lambda result: result["run"]["code_extract"],
     "code_evaluate": lambda result: result["code"],
 }
-
-
-class ResultError(SslbenchError, ValueError):
-    pass
-
-
-def protocol_module(name: str):
-    try:
-        return importlib.import_module(f"{PROTOCOL_PACKAGE}.{name}")
-    except ModuleNotFoundError as err:
-        raise ResultError(f"unknown protocol {name!r}: no module evaluation/{name}.py") from err
-
-
-def side_file(result_path: str | Path) -> Path:
-    """Where a protocol writes the arrays behind its numbers, beside its result JSON
-    (eval/<protocol>.npz, the features-file format): the report draws from them."""
-    return Path(result_path).with_suffix(".npz")
-
-
-def run_protocol(
-    protocol: str,
-    features_path: str | Path,
-    settings: dict,
-    seed: int,
-    out_path: str | Path,
-    checkpoint_path: str | Path | None = None,
-    maps: bool = True,
-    prepared: str | Path | None = None,
-) -> Path:
-    """Run one protocol on cached features and write its result JSON atomically (a protocol with
-    WRITES_SIDE_FILE writes its side file first, beside it; ``maps``: with what only the report's
-    figures need, which it draws for a run's first seed; ``prepared``: the target's prepared file,
-    for a protocol that READS_IMAGES, which a protocol on the cached features alone never opens)."""
-    module = protocol_module(protocol)
-    from .featurefile import load_features
-
-    features = load_features(features_path)
-    extra = {}
-    if getattr(module, "NEEDS_CHECKPOINT", False):
-        extra["checkpoint_path"] = checkpoint_path
-    if getattr(module, "READS_IMAGES", False):
-        extra["prepared"] = prepared
-    if getattr(module, "WRITES_SIDE_FILE", False):
-        extra["side_file"] = side_file(out_path)
-        extra["maps"] = maps
-    if getattr(module, "NEEDS_RESULT_DIR", False):
-        extra["result_dir"] = Path(out_path).parent
-    start = time.perf_counter()
-    metrics, used = module.evaluate(features, settings, seed, **extra)
-    wall = time.perf_counter() - start
-    bad = {k: v for k, v in metrics.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
-    if bad:
-        raise ResultError(
-            f"protocol {protocol} on {features_path} produced non-finite metrics {bad}; nothing was written"
-        )
-    meta = dict(features["meta"])
-    cfg = meta.pop("cfg")
-    result = {
-        "pretrain_dataset": meta["dataset"],
-        "eval_dataset": meta["eval"]["dataset"],
-        "method": meta["method"],
-        "method_base": cfg["method_base"],
-        "variant": cfg["variant"],
-        "seed": meta["seed"],
-        "protocol": protocol,
-        "metrics": {k: float(v) for k, v in metrics.items()},
-        "settings": used,
-        "wall_time_s": wall,
-        # Protocols that run torch record their device in `used`; the rest (numpy, faiss) run on the CPU.
-        "run": meta,
-        "cfg": cfg,
-        "evaluated_with": provenance(used.get("device") or "cpu"),
-        "code": code_record("evaluate", protocol=protocol),
-    }
-    return atomic.write_json(out_path, result)
 
 
 def result_rows(result: dict, methods_dir: str | Path | None = None) -> list[dict]:
@@ -269,7 +193,7 @@ def prepared_states(paths, methods_dir: str | Path) -> list[ResultState]:
     """The prepared dataset files among ``paths`` that are unreadable or were written by code that has
     changed since. A refresh must rebuild them (and so everything that read them): the jobs it reruns
     would otherwise load the images the old code made. A missing one the DAG makes anyway."""
-    from .featurefile import load_meta
+    from sslbench.extract.featurefile import load_meta
 
     out = []
     for path in map(str, paths):

@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import distributed as dist
-from .augment import EvalTransform
-from .backbones import backbone_from_config
-from .data import Dataset, channel_conversion, convert_channels, load_data
-from .distributed import select_device
-from .errors import unreadable
-from .featurefile import load_features, save_features  # noqa: F401  (re-exported)
-from .provenance import code_record, provenance
+from sslbench import distributed as dist
+from sslbench.augment.pipeline import EvalTransform
+from sslbench.backbones import backbone_from_config
+from sslbench.data import Dataset, channel_conversion, convert_channels, load_data
+from sslbench.distributed import select_device
+from sslbench.errors import unreadable
+from sslbench.extract.featurefile import load_features, save_features  # noqa: F401  (re-exported)
+from sslbench.provenance import code_record, provenance
 
 
 def load_encoder(checkpoint: dict, image_size: int | None = None) -> torch.nn.Module:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from .data import ImageSet
+from sslbench.data import ImageSet
 
 
 class InMemoryBatches:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import atomic
-from .errors import unreadable
+from sslbench import atomic
+from sslbench.errors import unreadable
 
 
 def save_features(path: str | Path, features: dict) -> Path:

@@ -1,0 +1,110 @@
+"""What planning reads of a protocol: evaluation/<protocol>.py's literals (DEFAULTS,
+READS_IMAGES), read from its source so that planning never imports torch."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+
+from sslbench.errors import ConfigError
+from sslbench.plan.checks import dotted, schema_validator, set_in, type_schema
+
+# The protocols whose code takes multi-label targets ([N, classes] in the VOC devkit's codes);
+# tests/test_transfer.py checks this against what each protocol does with such features.
+MULTILABEL_PROTOCOLS = ("lowshot_svm",)
+
+
+# Protocols whose side file also holds maps that only the report's figures use (clustering's t-SNE),
+# which it draws for each run's first seed: the other seeds skip them (see maps_argument).
+MAP_PROTOCOLS = ("clustering",)
+
+
+PROTOCOL_PACKAGE = "evaluation"  # evaluation/<protocol>.py
+
+
+# Besides the DEFAULTS, what the planner reads of a protocol module: READS_IMAGES, True where its jobs
+# load their target's images (not only the cached features), or the list of the modes that do.
+PLANNING_LITERALS = ("READS_IMAGES",)
+
+
+def protocol_defaults(protocol: str) -> dict[str, dict]:
+    """{name: value} of the module-level ``DEFAULTS`` (and ``<MODE>_DEFAULTS``, a mode's own, with its
+    `mode`) of evaluation/<protocol>.py, read from its source: sslbench loads a protocol only by name
+    to run it, and several import torch, which planning never does. The protocol's own code keeps the
+    one definition, so each must be a literal."""
+    return {k: v for k, v in protocol_literals(protocol).items() if k not in PLANNING_LITERALS}
+
+
+def protocol_literals(protocol: str) -> dict:
+    """The DEFAULTS and PLANNING_LITERALS of evaluation/<protocol>.py, read from its source."""
+    from sslbench.provenance import module_file
+
+    path = module_file(f"{PROTOCOL_PACKAGE}.{protocol}")
+    return copy.deepcopy(module_literals(str(path), path.read_text()))
+
+
+def protocol_reads_images(protocol: str, settings: dict) -> bool:
+    """Whether a protocol's job with these settings loads its target's images (semisup, linear in
+    mode "paper"), and so reads the target's prepared file, rather than the cached features alone."""
+    literals = protocol_literals(protocol)
+    reads = literals.get("READS_IMAGES", False)
+    if isinstance(reads, bool):
+        return reads
+    return (settings or {}).get("mode", literals["DEFAULTS"].get("mode")) in reads
+
+
+@cache
+def module_literals(path: str, text: str) -> dict:
+    import ast
+
+    found = {}
+    for node in ast.parse(text, path).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        name = getattr(target, "id", "")
+        if name == "DEFAULTS" or name.endswith("_DEFAULTS") or name in PLANNING_LITERALS:
+            try:
+                found[name] = ast.literal_eval(node.value)
+            except ValueError:
+                raise ConfigError(
+                    f"{path}: {name} must be a literal (planning reads it unimported)"
+                ) from None
+    return found
+
+
+def protocol_problems(protocol: str, section: dict, sources: list[tuple[str, dict]]) -> list[str]:
+    """What is wrong with `evaluation.<protocol>`: a key its DEFAULTS lack, a value of another type
+    than its default's. A protocol with modes (linear's `mode: paper`, PAPER_DEFAULTS) takes a mode's
+    own keys, besides the default mode's (which that mode ignores)."""
+    literals = protocol_defaults(protocol)
+    defaults = literals["DEFAULTS"]
+    modes = {d["mode"]: d for d in literals.values() if "mode" in d}
+    mode = section.get("mode", defaults.get("mode"))
+    own = modes.get(mode, {}) if isinstance(mode, str) else {}
+    rules = {**defaults, **own, "targets": None}  # targets: the DAG's, checked by the schema
+    problems = []
+    for key, value in section.items():
+        path = ["evaluation", protocol, key]
+        if key not in rules:
+            problems.append(
+                f"unknown key `{dotted(path)}`{set_in(path, sources)}; known keys here: {sorted(rules)} "
+                f"(evaluation/{protocol}.py's DEFAULTS). Fix the spelling or remove it."
+            )
+            continue
+        schema = {"enum": sorted(modes)} if key == "mode" and modes else type_schema(rules[key])
+        for err in schema_validator(schema).iter_errors(value):
+            problems.append(
+                f"config key `{dotted(path + list(err.absolute_path))}`{set_in(path, sources)}: "
+                f"{err.message} (its default in evaluation/{protocol}.py: {rules[key]!r})"
+            )
+    return problems
+
+
+def protocol_settings(config: dict, protocol: str) -> dict:
+    """A protocol's settings as the protocol takes them (`targets` is the DAG's, not the protocol's)."""
+    section = config["evaluation"].get(protocol, {}) or {}
+    return {k: copy.deepcopy(v) for k, v in section.items() if k != "targets"}
+
+
+def maps_argument(protocol: str, seed: int | str, seeds: list[int]) -> str:
+    """`sslbench evaluate`'s ``--no-maps`` where the report will not draw the job's maps."""
+    return "--no-maps" if protocol in MAP_PROTOCOLS and int(seed) != min(seeds) else ""

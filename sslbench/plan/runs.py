@@ -1,0 +1,364 @@
+"""The plan: what a configuration asks the DAG for (runs, variants, evaluation targets, datasets),
+resolved and checked before any job runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sslbench.errors import ConfigError
+from sslbench.plan.checks import dotted, set_in
+from sslbench.plan.paths import PREPARED_FILE, RESULT_FILE
+from sslbench.plan.protocols import MULTILABEL_PROTOCOLS
+from sslbench.plan.settings import check_layer, check_method_values, resolve_method_config, without_plan_keys
+
+PRETRAIN_TARGET = "pretrain"  # in `targets`: each run's own pretraining dataset
+
+
+MAX_SLUG_LENGTH = 120
+
+
+@dataclass
+class Plan:
+    """What a configuration asks the DAG for, resolved and checked before any job runs."""
+
+    runs: dict[tuple[str, str], dict]  # (pretrain dataset, method label): the run's resolved settings
+    slugs: dict[str, str]  # method label: its folder name under results/{pretrain}/
+    targets: dict[tuple[str, str], list[str]]  # (pretrain dataset, protocol): evaluation targets
+    datasets: dict[str, dict]  # label: the dataset section a job loads (label included)
+    skipped: dict[str, str] = field(default_factory=dict)  # optional dataset: why it is left out
+    warnings: list[str] = field(default_factory=list)  # settings that do nothing in this plan
+    # label: its PREPARED_FILE, for each dataset the plan loads that is held in memory
+    prepared: dict[str, str] = field(default_factory=dict)
+
+    def result_files(self, seeds: Iterable[int]) -> list[str]:
+        """Every result JSON the plan asks for."""
+        return [
+            RESULT_FILE.format(pretrain=p, method=self.slugs[m], seed=s, target=t, protocol=protocol)
+            for (p, m) in self.runs
+            for s in seeds
+            for (p2, protocol), targets in self.targets.items()
+            if p2 == p
+            for t in targets
+        ]
+
+
+def resolve_runs(
+    config: dict, methods_dir: str | Path, methods: Iterable[str]
+) -> dict[tuple[str, str], dict]:
+    """{(pretraining dataset, method label): resolved settings} of every run the suite trains."""
+    return plan_runs(config, methods_dir, methods, check_files=False).runs
+
+
+def plan_runs(
+    config: dict,
+    methods_dir: str | Path,
+    methods: Iterable[str],
+    check_files: bool = True,
+    sources: Sequence[tuple[str, dict]] = (),
+) -> Plan:
+    """The runs, their evaluation targets and the datasets they need.
+
+    A run is (pretraining dataset, method label, seed); its settings are resolved by
+    ``resolve_method_config``, then a variant's settings (``variants``, ``sweeps``) on top. With
+    ``check_files``, an ``optional`` dataset whose files are absent is left out (``Plan.skipped`` says
+    why and how to get it); a required one is checked by ``preflight`` before the first job. Every
+    value a run takes is checked here (``check_method_values``, ``check_subsets``); ``sources``
+    (``config_sources``) let an error name the file that set the key.
+    """
+    from sslbench.datafiles import LAZY_DATASETS, missing_files
+
+    methods = list(methods)
+    datasets = {label: dict(section, label=label) for label, section in config["datasets"].items()}
+    named = set(config["pretrain"]) | {
+        name
+        for protocol in config["protocols"]
+        for name in (config["evaluation"].get(protocol) or {}).get(
+            "targets", config["evaluation"].get("targets", [])
+        )
+    }
+    skipped = {}
+    for label in sorted(named & set(datasets)) if check_files else []:
+        why = missing_files(datasets[label]) if datasets[label].get("optional") else None
+        if why:
+            skipped[label] = why
+    pretrain = [p for p in config["pretrain"] if p not in skipped]
+    unknown = [p for p in pretrain if p not in datasets]
+    if unknown:
+        raise ConfigError(
+            f"config key `pretrain`: unknown dataset(s) {unknown}; the datasets registered under "
+            f"`datasets` are {sorted(datasets)}. Register it there or fix the name."
+        )
+    if not pretrain:  # a run that can do nothing is no success
+        why = "\n".join(f"  {label}: {skipped[label]}" for label in config["pretrain"])
+        raise ConfigError(
+            f"config key `pretrain`{set_in(['pretrain'], sources)}: every pretraining dataset is `optional` "
+            f"and absent, so nothing can run:\n{why}\nGet the files, or pretrain on a dataset that is there."
+        )
+    warnings = check_method_sections(config, methods_dir, methods, sources)
+    targets = {
+        (p, protocol): protocol_targets(config, protocol, p, datasets, skipped)
+        for p in pretrain
+        for protocol in config["protocols"]
+    }
+    used = set(pretrain) | {t for labels in targets.values() for t in labels}
+    check_subsets({label: datasets[label] for label in sorted(used)}, sources)
+    runs, slugs = {}, {}
+    for method in methods:
+        check_method_values(config, methods_dir, method, sources)
+        for label, variant in method_variants(config, methods_dir, method, sources).items():
+            slugs[label] = method_slug(label)
+            for p in pretrain:
+                runs[p, label] = {
+                    **resolve_method_config(config, methods_dir, method, variant, p),
+                    "method": label,
+                }
+    check_slugs(slugs)
+    plan_datasets = {k: without_plan_keys(v) for k, v in datasets.items()}
+    prepared = {
+        label: PREPARED_FILE.format(dataset=label)
+        for label in sorted(used)
+        if datasets[label]["name"] not in LAZY_DATASETS
+    }
+    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings, prepared)
+
+
+def check_method_sections(
+    config: dict, methods_dir: str | Path, methods: list[str], sources: list[tuple[str, dict]]
+) -> list[str]:
+    """`method_overrides`, `variants` and `sweeps` name method folders: an unknown one is an error; one
+    that this plan does not train is a warning (returned), since its settings then do nothing."""
+    warnings = []
+    for key in ("method_overrides", "variants", "sweeps"):
+        named = list(config.get(key) or {})
+        unknown = [m for m in named if not (Path(methods_dir) / m).is_dir()]
+        if unknown:
+            raise ConfigError(
+                f"config key `{key}`{set_in([key, unknown[0]], sources)}: unknown method(s) {unknown}; the "
+                f"method folders under {methods_dir} are {list_method_folders(methods_dir)}. Fix the name "
+                "or remove the entry."
+            )
+        warnings += [
+            f"config key `{key}.{m}`{set_in([key, m], sources)}: {m} is not among the methods this run "
+            f"plans ({methods}), so these settings do nothing; add it to `methods` or remove them"
+            for m in named
+            if m not in methods
+        ]
+    return warnings
+
+
+def check_subsets(datasets: dict[str, dict], sources: list[tuple[str, dict]]) -> None:
+    """A dataset's `subset` fits its splits, where their sizes are known before loading
+    (``datafiles.split_sizes``; the others are checked when the dataset is loaded)."""
+    from sslbench.datafiles import MULTILABEL_DATASETS, split_sizes, subset_too_large
+
+    for label, section in datasets.items():
+        subset = section.get("subset") or {}
+        if not subset:
+            continue
+        key = ["datasets", label, "subset"]
+        if section["name"] in MULTILABEL_DATASETS:
+            raise ConfigError(
+                f"config key `{dotted(key)}`{set_in(key, sources)}: {label} ({section['name']}) is "
+                "multi-label, and `subset` draws a fixed part of each class; remove it"
+            )
+        sizes = split_sizes(section)
+        for split, size in subset.items():
+            if sizes and size > sizes[split]:
+                where = set_in([*key, split], sources)
+                raise ConfigError(
+                    f"config key `{dotted([*key, split])}`{where}: "
+                    f"{subset_too_large(section['name'], split, size, sizes[split])}"
+                )
+
+
+def protocol_targets(config: dict, protocol: str, pretrain: str, datasets: dict, skipped: dict) -> list[str]:
+    """The evaluation targets of one protocol for runs pretrained on ``pretrain``: its own `targets`,
+    else `evaluation.targets`; `pretrain` stands for the run's own dataset."""
+    from sslbench.datafiles import MULTILABEL_DATASETS
+
+    section = config["evaluation"].get(protocol, {}) or {}
+    key = f"evaluation.{protocol}.targets" if "targets" in section else "evaluation.targets"
+    names = section.get("targets", config["evaluation"].get("targets", [PRETRAIN_TARGET]))
+    out = []
+    for name in names:
+        label = pretrain if name == PRETRAIN_TARGET else name
+        if label not in datasets:
+            raise ConfigError(
+                f"config key `{key}`: unknown target {name!r}; a target is `{PRETRAIN_TARGET}` (each run's "
+                f"own dataset) or a dataset registered under `datasets`: {sorted(datasets)}. Register it "
+                "or fix the name."
+            )
+        if label in skipped or label in out:
+            continue
+        if datasets[label]["name"] in MULTILABEL_DATASETS and protocol not in MULTILABEL_PROTOCOLS:
+            raise ConfigError(
+                f"config key `{key}`: target {label} ({datasets[label]['name']}) is multi-label, and "
+                f"{protocol} needs one class per image; only {list(MULTILABEL_PROTOCOLS)} take(s) "
+                f"multi-label targets. Remove {label} from `{key}` (set `evaluation.{protocol}.targets` "
+                "if it comes from `evaluation.targets`)."
+            )
+        out.append(label)
+    return out
+
+
+def method_variants(
+    config: dict, methods_dir: str | Path, method: str, sources: Sequence[tuple[str, dict]] = ()
+) -> dict[str, dict]:
+    """{label: the variant's settings} of one method folder: the base (``{}``, labelled by the folder
+    name), each entry of ``variants.<method>`` and one per value of ``sweeps.<method>``.
+
+    A sweep value that resolves to the base's settings is the base run itself. Two explicit variants
+    (or one and the base) with the same settings, a sweep over a key the method lacks, a value of the
+    wrong type or out of its range (``check_method_values``), or an empty list of values are errors
+    naming the key.
+    """
+    explicit = (config.get("variants") or {}).get(method) or []
+    sweeps = (config.get("sweeps") or {}).get(method) or {}
+    base = resolve_method_config(config, methods_dir, method)
+    seen = {settings_key(base): method}
+    out = {method: {}}
+    for i, entry in enumerate(explicit):
+        where = f"variants.{method}[{i}]"
+        settings = {k: v for k, v in entry.items() if k != "name"}
+        if not settings:
+            raise ConfigError(f"config key `{where}`: a variant needs at least one setting besides `name`")
+        label = f"{method}[{entry['name']}]" if "name" in entry else variant_label(method, settings)
+        source = ["variants", method, i]
+        set_at = lambda path, source=source, where=where: (
+            f"config key `{where}.{dotted(path)}`{set_in(source + path, sources)}"
+        )
+        add_variant(config, methods_dir, method, label, settings, where, set_at, seen, out, False)
+    for key, values in sweeps.items():
+        where = f"sweeps.{method}.{key}"
+        if not values:
+            raise ConfigError(f"config key `{where}`: an empty list of values; give at least one value")
+        named = f"config key `{where}`{set_in(['sweeps', method, key], sources)}"
+        for value in values:
+            settings = nest({key: value})
+            label = variant_label(method, settings)
+            set_at = lambda path, named=named: named
+            add_variant(config, methods_dir, method, label, settings, where, set_at, seen, out, True)
+    return out
+
+
+def add_variant(
+    config, methods_dir, method, label, settings, where, set_at, seen, out, same_as_base_ok
+) -> None:
+    check_layer(settings, Path(methods_dir) / method, set_at)
+    try:
+        resolved = resolve_method_config(config, methods_dir, method, settings)
+    except ConfigError as err:
+        raise ConfigError(f"config key `{where}`: {err}") from None
+    key = settings_key(resolved)
+    if key in seen:
+        if same_as_base_ok and seen[key] == method:
+            return  # the base run already has this value
+        raise ConfigError(
+            f"config key `{where}`: {label} resolves to the same settings as {seen[key]}; remove one "
+            "(each run of the DAG must differ in its settings)"
+        )
+    if label in out:
+        raise ConfigError(f"config key `{where}`: two variants are labelled {label}; give them other names")
+    seen[key] = label
+    out[label] = settings
+
+
+def settings_key(resolved: dict) -> str:
+    return json.dumps({k: v for k, v in resolved.items() if k not in ("method", "variant")}, sort_keys=True)
+
+
+def nest(flat: dict) -> dict:
+    """{"train.lr": 0.1} -> {"train": {"lr": 0.1}}: a sweep's key may name a setting of a section."""
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = str(key).split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def flatten(settings: dict, prefix: str = "") -> dict:
+    """{"train": {"lr": 0.1}} -> {"train.lr": 0.1}."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def variant_label(method: str, settings: dict) -> str:
+    """``moco[momentum=0.9,queue_size=256]``: the overridden settings, sorted, dotted into sections."""
+
+    def text(value) -> str:
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+    return f"{method}[{','.join(f'{k}={text(v)}' for k, v in sorted(flatten(settings).items()))}]"
+
+
+def method_slug(label: str) -> str:
+    """A method label as a path component: ``moco[queue_size=256]`` -> ``moco@queue_size=256``.
+
+    No glob or wildcard metacharacters (``Path.glob`` reads ``[`` as a character class, snakemake
+    ``{`` as a wildcard), no spaces: pairs are joined by ``+``, anything else unsafe becomes ``-``.
+    """
+    base, _, inner = label.partition("[")
+    if not inner:
+        return base
+    return base + "@" + re.sub(r"[^A-Za-z0-9._=+-]", "-", inner.removesuffix("]").replace(",", "+"))
+
+
+def check_slugs(slugs: dict[str, str]) -> None:
+    by_slug: dict[str, list[str]] = {}
+    for label, slug in slugs.items():
+        by_slug.setdefault(slug, []).append(label)
+        if len(slug) > MAX_SLUG_LENGTH:
+            raise ConfigError(
+                f"config key `variants`/`sweeps`: {label} is too long for a folder name ({len(slug)} "
+                f"characters, at most {MAX_SLUG_LENGTH}); give the variant a `name`"
+            )
+    clashes = [labels for labels in by_slug.values() if len(labels) > 1]
+    if clashes:
+        raise ConfigError(
+            f"config key `variants`: {clashes[0]} would share the folder {method_slug(clashes[0][0])}; give "
+            "one of them a `name`"
+        )
+
+
+def discover_methods(methods_dir: str | Path) -> list[str]:
+    """Every folder under methods/ with a method.py; names starting with _ or . are skipped."""
+    return [
+        name
+        for name in list_method_folders(methods_dir)
+        if (Path(methods_dir) / name / "method.py").is_file()
+    ]
+
+
+def list_method_folders(methods_dir: str | Path) -> list[str]:
+    """Folders that look like methods, with or without method.py (to report broken ones)."""
+    root = Path(methods_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def selected_methods(config: dict, methods_dir: str | Path) -> list[str]:
+    """The methods a config asks for (``methods: all`` means every folder under methods/)."""
+    found = discover_methods(methods_dir)
+    wanted = config.get("methods", "all")
+    if wanted == "all":
+        return list_method_folders(methods_dir)  # folders without method.py are reported, not skipped
+    unknown = [m for m in wanted if not (Path(methods_dir) / m).is_dir()]
+    if unknown:
+        raise ConfigError(
+            f"config key `methods`: unknown method(s) {unknown}; known methods (folders under "
+            f"{methods_dir} with a method.py): {found}"
+        )
+    return list(wanted)

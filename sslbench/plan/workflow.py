@@ -1,0 +1,144 @@
+"""What the Snakefile asks of sslbench beyond the plan: checks before the first job (``preflight``,
+``method_problems``) and the code digest that decides reruns (``code_param``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from sslbench.errors import ConfigError
+from sslbench.plan.checks import load_yaml
+from sslbench.plan.paper import paper_entries
+from sslbench.plan.paths import CODE_RECORD_FILES
+from sslbench.plan.runs import Plan, list_method_folders
+from sslbench.plan.settings import NOT_TIMM_BACKBONES
+
+
+def preflight(config: dict, plan: Plan) -> None:
+    """Checks that need torch/timm or the data: run once before the first job, not at every plan.
+    Every dataset the plan uses must be there (a folder dataset is only looked for: reading an
+    ImageNet-size folder is its first job's work)."""
+    import timm
+
+    from sslbench.data import DatasetError, load_data
+    from sslbench.datafiles import missing_files
+
+    names = {run["backbone"]["name"] for run in plan.runs.values()} - set(NOT_TIMM_BACKBONES)
+    for name in sorted(names):
+        if name not in timm.list_models():
+            raise ConfigError(
+                f"config key `backbone.name`: {name!r} is not a timm model; similar names: "
+                f"{timm.list_models(f'*{name}*')[:10] or 'none'} (see timm.list_models())"
+            )
+    used = {run["dataset"]["label"] for run in plan.runs.values()}
+    used |= {t for targets in plan.targets.values() for t in targets}
+    for label in sorted(used):
+        section = plan.datasets[label]
+        try:
+            why = missing_files(section)
+            if why:
+                raise DatasetError(why)
+            if section["name"] != "imagefolder":
+                load_data({"dataset": section})
+        except DatasetError as err:
+            raise ConfigError(f"config key `datasets.{label}`: {err}") from err
+
+
+def code_param(
+    stage: str,
+    wildcards: Mapping[str, str],
+    rerun_on_code_change: bool,
+    method_dir: str | Path | None = None,
+    protocol: str | None = None,
+) -> str:
+    """The `code` param of a job of ``stage`` with ``wildcards``: a digest of the files the job runs
+    (``provenance.code_record``). With ``rerun_on_code_change`` it is their digest now, so that
+    snakemake reruns a job when one changes; without, the digest the job recorded, so that a code
+    change reruns nothing (and turning the switch on reruns only the jobs whose code changed).
+
+    It takes the wildcards, never the job's output: snakemake tracks no param of a function that
+    takes `input` or `output` (it counts it as derived from the files)."""
+    from sslbench.provenance import code_digest, code_record
+
+    if not rerun_on_code_change:
+        recorded = recorded_code(stage, CODE_RECORD_FILES[stage].format(**wildcards))
+        if recorded is not None:
+            return code_digest(recorded)
+    return code_digest(code_record(stage, method_dir, protocol))
+
+
+def recorded_code(stage: str, output: str | Path) -> dict | None:
+    """The code record a finished job wrote (run.json, a features file, a result), if it did."""
+    from sslbench.errors import UnreadableFileError
+    from sslbench.extract.featurefile import load_meta
+
+    if not Path(output).is_file():
+        return None
+    try:
+        if stage == "extract":
+            return load_meta(output).get("code_extract")
+        if stage == "prepare":  # the same .npz-with-meta layout as a features file
+            return load_meta(output).get("code")
+        record = json.loads(Path(output).read_text())
+        return (record["meta"] if stage == "pretrain" else record).get("code")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UnreadableFileError):
+        return None  # an unreadable output is rebuilt anyway
+
+
+def method_problems(
+    methods_dir: str | Path, names: list[str] | None = None, checked: str | Path | None = None
+) -> dict[str, str]:
+    """{method: what is wrong} for method folders that cannot run, checked before any training.
+
+    Looks at every folder under methods/ (or just ``names``): a missing method.py, a config.yaml
+    that does not parse, a paper.yaml with missing fields, and a method.py that fails to import, has no
+    Method subclass or lacks a required hook.
+
+    ``checked``: a JSON file of the folders found sound before, each by the digest of what the check
+    reads (the folder's files, every project module they import, its paper.yaml). A folder whose
+    digest is there is not imported again, so that planning an unchanged DAG needs no torch; any edit
+    changes the digest and the folder is checked again. Only sound folders are remembered.
+    """
+    from sslbench import atomic
+    from sslbench.provenance import code_digest, code_record, sha256_file
+
+    def digest_of(folder: Path) -> str | None:  # None: nothing to remember, check the folder
+        if not (folder / "method.py").is_file():
+            return None
+        try:
+            read = code_record("pretrain", folder)
+        except SyntaxError:  # the plugin loader names it
+            return None
+        paper = folder / "paper.yaml"
+        return code_digest(read | ({"paper.yaml": sha256_file(paper)} if paper.is_file() else {}))
+
+    root = Path(methods_dir)
+    path = Path(checked) if checked is not None else None
+    try:
+        sound = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except ValueError:  # a damaged file: check everything again and rewrite it
+        sound = {}
+    remembered = dict(sound)
+    problems = {}
+    for name in names if names is not None else list_method_folders(root):
+        folder = root / name
+        digest = digest_of(folder)
+        if digest is not None and sound.get(name) == digest:
+            continue
+        remembered.pop(name, None)
+        from sslbench.plugins import PluginError, load_method_class  # imports torch: only when checking
+
+        try:
+            if (folder / "config.yaml").exists():
+                load_yaml(folder / "config.yaml")
+            if (folder / "paper.yaml").exists():
+                paper_entries(folder / "paper.yaml")
+            load_method_class(folder)
+            remembered[name] = digest
+        except (ConfigError, PluginError) as err:
+            problems[name] = str(err)
+    if path is not None and remembered != sound:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, json.dumps(remembered, indent=1, sort_keys=True))
+    return problems

@@ -1,0 +1,1 @@
+"""Pretraining: the trainer every method shares, and the pieces methods build on."""

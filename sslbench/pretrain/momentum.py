@@ -1,0 +1,98 @@
+"""Momentum (EMA) targets: tau's schedule, the method's pairs checked, and the update
+target <- tau target + (1 - tau) online that the trainer applies after every optimiser step.
+
+References: deepmind-research byol/utils/schedules.py (target_ema), facebookresearch/dino utils.py
+(cosine_scheduler), facebookresearch/moco-v3 main_moco.py (adjust_moco_momentum)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from sslbench.errors import ConfigError
+
+MOMENTUM_SCHEDULES = ("constant", "cosine")
+
+
+def check_momentum(params: dict) -> tuple[float, str]:
+    """(tau_base, schedule) from a method's settings ``momentum`` and ``momentum_schedule``."""
+    base, schedule = params.get("momentum"), params.get("momentum_schedule")
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not 0.0 <= base <= 1.0:
+        raise ConfigError(
+            f"config key `momentum` (the momentum target's tau_base) must lie in [0, 1], got {base!r}; "
+            "a method with momentum pairs sets it and `momentum_schedule` in its config.yaml"
+        )
+    if schedule not in MOMENTUM_SCHEDULES:
+        raise ConfigError(
+            f"config key `momentum_schedule` must be one of {list(MOMENTUM_SCHEDULES)} (constant: MoCo "
+            f"v1/v2; cosine from `momentum` to 1: BYOL, MoCo v3, DINO), got {schedule!r}"
+        )
+    return float(base), schedule
+
+
+def momentum_at(base: float, schedule: str, step: int, total_steps: int) -> float:
+    """tau after the optimiser step of 0-based index ``step`` of ``total_steps``: ``base``
+    (constant), or 1 - (1 - base)(cos(pi step / total) + 1) / 2 (cosine, step clamped to the
+    total), BYOL's target_ema and DINO's cosine_scheduler per step. MoCo v3 moves its target by
+    the same tau one step later, at the next forward: a one-step shift."""
+    if schedule == "constant":
+        return base
+    if schedule == "cosine":
+        progress = min(step, total_steps) / max(1, total_steps)
+        return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
+    raise ConfigError(f"unknown momentum_schedule {schedule!r}; known: {list(MOMENTUM_SCHEDULES)}")
+
+
+def paired_parameters(
+    online: Sequence[nn.Module], target: nn.Module
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(online, target) parameters in order; they must match in number and shapes."""
+    theta_o = [p.detach() for m in online for p in m.parameters()]
+    theta_t = [p.detach() for p in target.parameters()]
+    if len(theta_o) != len(theta_t) or any(a.shape != b.shape for a, b in zip(theta_o, theta_t)):
+        raise ValueError(
+            f"momentum pair: the online modules' {len(theta_o)} parameters do not match the target's "
+            f"{len(theta_t)} in order and shape"
+        )
+    return theta_o, theta_t
+
+
+def checked_momentum_pairs(pairs: list) -> list[tuple[list[nn.Module], nn.Module]]:
+    """A method's ``momentum_pairs()``, checked once when training starts: each online side matches
+    its target in order and shapes, and no target parameter takes gradients (the EMA alone moves it;
+    the optimiser would move it too)."""
+    checked = []
+    for i, (online, target) in enumerate(pairs):
+        online = list(online)
+        paired_parameters(online, target)
+        if any(p.requires_grad for p in target.parameters()):
+            raise ValueError(
+                f"momentum pair {i}: the target has parameters that require grad; build it with "
+                "sslbench.momentum.frozen_copy or freeze it (sslbench.momentum.freeze)"
+            )
+        checked.append((online, target))
+    return checked
+
+
+@torch.no_grad()
+def ema_update(online: Sequence[nn.Module], target: nn.Module, tau: float) -> None:
+    """theta_t <- tau theta_t + (1 - tau) theta_o for every parameter (not the BN statistics)."""
+    theta_o, theta_t = paired_parameters(online, target)
+    torch._foreach_mul_(theta_t, tau)
+    torch._foreach_add_(theta_t, theta_o, alpha=1.0 - tau)
+
+
+def freeze(module: nn.Module) -> nn.Module:
+    """No gradients for ``module``'s parameters: a target moves only by the momentum rule."""
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+def frozen_copy(online: Sequence[nn.Module]) -> nn.Sequential:
+    """A target that starts as a copy of ``online`` (applied in order), without gradients."""
+    return freeze(nn.Sequential(*(copy.deepcopy(m) for m in online)))
