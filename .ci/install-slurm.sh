@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs a one-node SLURM (Debian's slurmctld + slurmd + client, munge) for tests/test_slurm.py.
+# Installs a one-node SLURM (Debian's slurmctld + slurmd + client, munge) for tests/workflow/test_slurm.py.
 # Run as root on Debian 12. Idempotent: a second run changes nothing. It starts no daemon:
 # the test writes its own slurm.conf, starts munged/slurmctld/slurmd and stops them by PID.
 set -euo pipefail

@@ -21,7 +21,7 @@ the raw kernel, sample sums last (each code sums to exactly 1, the clusters'
 mass is only near-equal), in float32 on the batch, and trains on the soft codes
 at every step. Under torch.distributed SwAV's sums over samples are all-reduced,
 so the ranks' batches form one problem. With many iterations SwAV's codes are
-SeLa's plan times N (tests/test_swav.py checks it).
+SeLa's plan times N (tests/methods/test_swav.py checks it).
 - pca_whiten:           DeepCluster's PCA-whitening of features before k-means (Caron et al., 2018).
 - uniform_over_clusters: DeepCluster's sampler: every non-empty cluster drawn equally often.
 """

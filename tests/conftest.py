@@ -1,108 +1,20 @@
-"""Shared fixtures: a tiny configuration of the real suite (digits, timm's test_resnet, 2 epochs), and
-``require``: what a test does when a real component of the machine is missing."""
+"""Fixtures and session settings of every test; the helpers tests import are in support.py."""
 
 import copy
-import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
-
-from sslbench.plan.settings import load_config
-
-REPO = Path(__file__).resolve().parent.parent
-METHODS_DIR = REPO / "methods"
-# tests/methods/exerciser uses every piece of the method contract at once; the contract tests (test_contract,
-# test_distributed) run it beside every folder of methods/ (discovered).
-EXERCISER_DIR = REPO / "tests" / "methods" / "exerciser"
-
-
-def contract_folders() -> dict[str, Path]:
-    """{name: folder} of every method folder under methods/ and the exerciser."""
-    from sslbench.plan.runs import discover_methods
-
-    return {name: METHODS_DIR / name for name in discover_methods(METHODS_DIR)} | {"exerciser": EXERCISER_DIR}
-
+from support import METHODS_DIR, required_components, tiny_suite_config
 
 torch.set_num_threads(1)  # tests share 2 cores; keep each process on one
-# Tests call the CLI in this process and expect it to run there: no warm server (tests/test_warm.py
+# Tests call the CLI in this process and expect it to run there: no warm server (tests/workflow/test_warm.py
 # turns it on for the processes it starts).
 os.environ.setdefault("SSLBENCH_WARM", "0")
-
-# Real components some tests need from the machine. Where one is missing those tests skip and say why,
-# unless SSLBENCH_REQUIRE (comma-separated; .ci/run sets it) names it: then they fail, so that CI cannot
-# go green with its real-component tests skipped.
-COMPONENTS = ("slurm", "chromium", "fashion_mnist", "cxx_compiler")
-
-
-def required_components() -> set[str]:
-    names = {name.strip() for name in os.environ.get("SSLBENCH_REQUIRE", "").split(",") if name.strip()}
-    unknown = sorted(names - set(COMPONENTS))
-    if unknown:
-        raise pytest.UsageError(
-            f"SSLBENCH_REQUIRE names unknown components {unknown}; known: {', '.join(COMPONENTS)}"
-        )
-    return names
 
 
 def pytest_configure(config):
     required_components()  # a misspelt name would make the requirement vacuous: refuse it at once
-
-
-def require(component: str, missing: str | None) -> None:
-    """Go on if ``missing`` is None; else skip saying why, or fail where SSLBENCH_REQUIRE names it."""
-    __tracebackhide__ = True  # the skip / failure is reported at the calling test's line
-    if component not in COMPONENTS:
-        raise ValueError(f"unknown component {component!r}; add it to COMPONENTS in tests/conftest.py")
-    if missing is None:
-        return
-    if component in required_components():
-        pytest.fail(f"{component} is required here (SSLBENCH_REQUIRE) but {missing}", pytrace=False)
-    pytest.skip(f"no {component}: {missing}")
-
-
-def pretrain_args(cfg: dict, out, method_dir=METHODS_DIR / "simclr") -> list[str]:
-    """`sslbench pretrain`'s arguments for one run of ``cfg`` on the CPU into ``out``."""
-    return [
-        "pretrain",
-        "--method-dir",
-        str(method_dir),
-        "--config-json",
-        json.dumps(cfg),
-        "--seed",
-        "0",
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--quiet",
-    ]
-
-
-def tiny_suite_config(**train) -> dict:
-    """config/default.yaml shrunk to seconds: 8x8 digits, 2 epochs, batch 64, evaluated on digits alone
-    (loaded as the Snakefile loads it, with these as --config overrides)."""
-    tiny = {
-        "datasets": {"digits": {"image_size": 8}},
-        "evaluation": {"targets": ["pretrain"]},
-        "train": {"epochs": 2, "batch_size": 64, **train},
-        "seeds": [0],
-    }
-    return load_config(REPO / "config", overrides=tiny)
-
-
-def tiny_digits():
-    """The tiny suite's pretraining set (8x8 digits), loaded from the settings a run of it gets."""
-    from sslbench.data import load_data
-    from sslbench.plan.settings import resolve_method_config
-
-    return load_data(resolve_method_config(tiny_suite_config(), METHODS_DIR, "random"))
-
-
-def preset_config(name: str) -> dict:
-    """config/<name>.yaml merged over config/default.yaml by the one loader, as `--configfile` does."""
-    return load_config(REPO / "config", [REPO / "config" / f"{name}.yaml"])
 
 
 @pytest.fixture
@@ -121,28 +33,3 @@ def method_config(suite_config):
         return resolve_method_config(cfg, METHODS_DIR, method)
 
     return make
-
-
-def fixed_batch_losses(trainer, steps: int, labelled: bool, size: int = 64) -> list[float]:
-    """Losses of ``steps`` optimiser steps on one fixed batch with fixed views: training must lower them."""
-    idx = torch.arange(size)
-    g = torch.Generator().manual_seed(0)
-    views = trainer.make_views(trainer.data.train.images[idx], g)
-    labels = trainer.labels[idx] if labelled else None
-    losses = []
-    for _ in range(steps):
-        loss = trainer.method.training_loss(views, labels, idx)
-        trainer.optimizer.zero_grad()
-        loss.backward()
-        trainer.optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses
-
-
-def hadamard_columns(n: int, d: int) -> torch.Tensor:
-    """[n, d]: d columns of the n x n Sylvester Hadamard matrix other than the constant one: entries
-    +-1, every column of mean 0 and biased variance 1, columns pairwise orthogonal."""
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
-    return h[:, 1 : d + 1]

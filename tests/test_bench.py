@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import tiny_suite_config
+from support import tiny_suite_config
 
 from sslbench.bench import COLUMNS, SECTIONS, Repeats, Sizes, run_bench
 from sslbench.bench.core import Bench, check_sections

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from support import REPO
 
 PACKAGES = ("sslbench", "evaluation")
 

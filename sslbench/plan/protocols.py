@@ -10,7 +10,7 @@ from sslbench.errors import ConfigError
 from sslbench.plan.checks import dotted, schema_validator, set_in, type_schema
 
 # The protocols whose code takes multi-label targets ([N, classes] in the VOC devkit's codes);
-# tests/test_transfer.py checks this against what each protocol does with such features.
+# tests/extract/test_transfer.py checks this against what each protocol does with such features.
 MULTILABEL_PROTOCOLS = ("lowshot_svm",)
 
 

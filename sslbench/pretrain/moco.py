@@ -78,7 +78,7 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
 
     It computes bit for bit what the demo's layer computes: one batch norm over the grouped batch
     with the weight, bias and running statistics repeated per split, then the repeated statistics
-    averaged back (tests/test_split_batch_norm.py holds that formulation and checks equality)."""
+    averaged back (tests/pretrain/test_split_batch_norm.py holds that formulation and checks equality)."""
 
     def __init__(self, num_features: int, num_splits: int, **kwargs):
         super().__init__(num_features, **kwargs)

@@ -1,5 +1,5 @@
-"""A test method that uses every piece of the method contract at once (tests/test_contract.py,
-tests/test_distributed.py): parameter groups (biases and norms excluded, a fixed-lr predictor) under
+"""A test method that uses every piece of the method contract at once (tests/methods/test_contract.py,
+tests/methods/test_distributed.py): parameter groups (biases and norms excluded, a fixed-lr predictor) under
 LARS, a momentum pair with the cosine schedule, per-view settings and multi-crop views, and a gradient
 hook before the step. Not a method of the suite (it lives under tests/, so discovery never finds it).
 

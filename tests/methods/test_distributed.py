@@ -1,0 +1,182 @@
+"""The DDP contract: every method, run by 2 processes (real torch.distributed, gloo on the CPU, launched
+by torchrun), computes what one process computes on the whole batch.
+
+Every folder under methods/ is checked (discovery, not a list), and tests/methods/exerciser (parameter
+groups under LARS, a cosine momentum pair, multi-crop views, a gradient hook), through the engine's own
+path: the epoch's start (``Trainer.start_epoch``: the global RNG seeded per rank, as in training, then
+the method's ``on_epoch_start`` hook with a real ``EpochContext``), then one ``Trainer.train_step``
+(DDP-wrapped under torchrun) on a fixed global batch, each rank taking its shard. The one process is
+rank 0, so a rank that draws random numbers of its own (a k-means seed, a fresh layer, noise indices)
+instead of rank 0's differs from it.
+One torchrun start runs every method (start-up is slow); this module is also that run's script.
+Compared with one process on the same global batch and views:
+
+(a) the method's whole state right after ``on_epoch_start``, before any forward (DDP re-broadcasts
+    rank 0's buffers at every forward, which would hide a rank that computed something else);
+(b) the loss: the mean of the per-rank losses equals the one-process loss. That is exact for both kinds
+    of reduction the methods have: a loss averaged over the rank's own samples (cross-entropy, InfoNCE
+    against the queue) has equal shards, so the mean of the shard means is the batch mean; a loss over the
+    gathered batch (SimCLR, SupCon) is the whole batch's loss on every rank;
+(c) the gradients after DDP's averaging, and the state after the step (optimiser update, queue, momentum
+    encoder);
+(d) rank 0's epoch-start state on every rank even where a rank's own arithmetic differs (here: rank 1's
+    parameters perturbed), as PCL's main_pcl.py broadcasts its clustering: no rank may go on from a
+    relabelling or an E-step of its own (non-deterministic GPU kernels would make them differ).
+
+Batch norm is in eval mode for the step: per-process batch statistics make even a faithful method differ
+from one process (that is the engine-wide per-process BN, declared in the method READMEs), and it would
+hide what the contract is about, what the method itself does with the rest of the batch. Eval mode makes
+every network a per-sample function wherever its batch norm sits (backbone, heads, split BN of the key
+encoder), without swapping the method's modules. A method whose loss uses only its own images passes as
+it is; one whose loss uses the rest of the batch must gather it (``sslbench.distributed``).
+
+The hook runs as at the start of epoch ``HOOK_EPOCH`` of the default 30, where the epoch hooks do work
+(past PCL's warm-up, one of SeLa's relabelling epochs).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support import METHODS_DIR, REPO, contract_folders, tiny_suite_config
+
+from sslbench import distributed as dist
+from sslbench.plan.settings import resolve_method_config
+from sslbench.pretrain.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+
+FOLDERS = contract_folders()  # every method folder and the test method that uses the whole contract
+# Every folder with its own settings, plus the settings of paths a default does not take:
+# {case: (method, method_overrides)}.
+CASES = {method: (method, {}) for method in FOLDERS} | {
+    "instdisc-nce": ("instdisc", {"num_negatives": 64}),  # NCE (the ImageNet presets'); the default: softmax
+}
+GLOBAL_BATCH = 32  # 16 per rank: several images per class on each rank (SupCon's positives)
+HOOK_EPOCH = 4
+
+
+def torchrun(*args: str, timeout=300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def contract_config(case: str) -> dict:
+    method, overrides = CASES[case]
+    suite = tiny_suite_config(epochs=30, batch_size=GLOBAL_BATCH) | {"method_overrides": {method: overrides}}
+    return resolve_method_config(suite, FOLDERS[method].parent, method)
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in module.state_dict().items()}
+
+
+def contract_record(case: str, out_dir: Path) -> dict:
+    """What this process computes for `case`: (a) to (d) of the module docstring, on its shard."""
+    trainer = Trainer(
+        FOLDERS[CASES[case][0]], contract_config(case), 0, out_dir, device="cpu", progress=False
+    )
+    trainer.state.epoch, trainer.state.step = HOOK_EPOCH, HOOK_EPOCH * trainer.steps_per_epoch
+    _, _, ctx, _ = trainer.start_epoch()
+    record = {"epoch_start": snapshot(trainer.method)}
+    if trainer.method.trains:
+        g = torch.Generator().manual_seed(1)
+        idx = torch.randperm(len(trainer.labels), generator=g)[:GLOBAL_BATCH]
+        views = trainer.make_views(trainer.data.train.images[idx], g)  # the global batch, on every rank
+        mine = dist.shard(GLOBAL_BATCH)
+        trainer.method.eval()
+        record["loss"] = trainer.train_step([v[mine] for v in views], idx[mine], ctx)
+        record["grads"] = {
+            name: p.grad.clone() for name, p in trainer.method.named_parameters() if p.grad is not None
+        }
+        record["after_step"] = snapshot(trainer.method)
+    if dist.world_size() > 1:  # (d): rank r > 0 moves its parameters away from rank 0's, then reruns the hook
+        with torch.no_grad():
+            for p in trainer.method.parameters():
+                p.add_(0.01 * dist.rank() * torch.randn_like(p))
+        trainer.start_epoch()
+        record["epoch_start_perturbed"] = {name: b.clone() for name, b in trainer.method.named_buffers()}
+    return record
+
+
+def ddp_main(out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_from_env("cpu")
+    out = Path(out_dir)
+    for case in CASES:
+        record = contract_record(case, out / case)
+        torch.save(record, out / f"{case}.rank{dist.rank()}.pt")
+    dist.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ddp_records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    run = torchrun(__file__, str(out), timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return lambda case: [torch.load(out / f"{case}.rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def assert_same_state(got: dict, expected: dict, what: str) -> None:
+    assert got.keys() == expected.keys(), what
+    for name in expected:
+        if expected[name].is_floating_point():
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=f"{what}: {name}")
+        else:  # labels, assignments, queue pointers: exactly
+            assert torch.equal(got[name], expected[name]), f"{what}: {name}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_processes_compute_what_one_process_computes_on_the_whole_batch(case, ddp_records, tmp_path):
+    torch.set_num_threads(1)
+    one = contract_record(case, tmp_path)
+    ranks = ddp_records(case)
+    for r, record in enumerate(ranks):
+        assert_same_state(record["epoch_start"], one["epoch_start"], f"rank {r}, after on_epoch_start")
+    if "loss" in one:
+        loss = sum(record["loss"] for record in ranks) / len(ranks)
+        assert loss == pytest.approx(one["loss"], rel=1e-5), [record["loss"] for record in ranks]
+        for r, record in enumerate(ranks):
+            assert record["grads"].keys() == one["grads"].keys()
+            for name, grad in one["grads"].items():
+                scale = grad.abs().max().item()
+                torch.testing.assert_close(
+                    record["grads"][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"rank {r}: grad of {name}"
+                )
+            assert_same_state(record["after_step"], one["after_step"], f"rank {r}, after the step")
+    assert_same_state(ranks[1]["epoch_start_perturbed"], ranks[0]["epoch_start_perturbed"], "rank 1 vs 0")
+
+
+def test_torchrun_training_writes_one_checkpoint(tmp_path):
+    import json
+
+    cfg = resolve_method_config(tiny_suite_config(epochs=1), METHODS_DIR, "simclr")
+    out = tmp_path / "run"
+    run = torchrun(
+        "-m",
+        "sslbench.cli",
+        "pretrain",
+        "--method-dir",
+        str(METHODS_DIR / "simclr"),
+        "--config-json",
+        json.dumps(cfg),
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--quiet",
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert ckpt["meta"]["world_size"] == 2 and ckpt["meta"]["batch_per_process"] == 32
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch_0001.pt"]
+
+
+if __name__ == "__main__":  # under torchrun: the 2-process side of the contract
+    ddp_main(sys.argv[1])

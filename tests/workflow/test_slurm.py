@@ -1,0 +1,255 @@
+"""The workstation and SLURM profiles: planned with -n, and run for real through a local one-node SLURM.
+
+The real run needs Debian's slurmctld/slurmd/munge (.ci/install-slurm.sh) and root; without them it skips
+with the reason (it fails where SSLBENCH_REQUIRE names slurm, as in CI). The dry runs need only snakemake
+and snakemake-executor-plugin-slurm.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from slurm_cluster import PARTITION, LocalSlurm, SlurmBusy, why_unavailable
+from support import REPO, require, tiny_suite_config
+
+pytestmark = pytest.mark.slow
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+SLURM_PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+# Distinct per rule, so each SLURM job's limits show which rule's config they came from.
+RESOURCES = {
+    "pretrain": {"threads": 1, "gpus": 0, "mem_mb": 1000, "runtime": 7},
+    "extract": {"threads": 1, "gpus": 0, "mem_mb": 1100, "runtime": 6},
+    "evaluate": {"threads": 2, "gpus": 0, "mem_mb": 1200, "runtime": 5},
+}
+TABLE_KEYS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol", "metric"]
+
+
+def workflow_copy(root: Path, resources: dict = RESOURCES) -> Path:
+    """Snakefile, config, methods and profiles in `root`, with the tiny config as tiny.yaml."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "Snakefile", root)
+    for folder in ("config", "methods", "profiles"):
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    cfg = tiny_suite_config()
+    cfg.update(methods=["simclr", "random"], seeds=[0], protocols=["knn"], resources=resources)
+    # evaluated on another target than the pretraining set, so that extract jobs go through the queue
+    cfg["datasets"]["digits6"] = {"name": "digits", "image_size": 6}
+    cfg["evaluation"]["targets"] = ["digits6"]
+    (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def snakemake_command(root: Path, *args: str, path: str | None = None, env: dict | None = None) -> dict:
+    """Popen arguments for snakemake in `root`; the rules' `sslbench` and torchrun come from our bin."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**(env or os.environ), "PATH": path or f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    # targets and flags go before --configfile, which would swallow any positional argument after it
+    return {"args": [*SNAKEMAKE, *args, "--configfile", "tiny.yaml"], "cwd": root, "env": env}
+
+
+def snakemake(root: Path, *args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    out = subprocess.run(
+        **snakemake_command(root, *args, **kwargs), capture_output=True, text=True, timeout=timeout
+    )
+    out.text = out.stdout + out.stderr
+    return out
+
+
+def planned_jobs(text: str) -> list[dict]:
+    """Each job of a dry run's listing: its rule, resources and shell command."""
+    jobs = []
+    for block in re.split(r"^(?:local)?rule ", text, flags=re.M)[1:]:
+        resources = re.search(r"^\s+resources: (.*)$", block, re.M)
+        command = re.search(r"^Shell command: (.*)$", block, re.M)
+        jobs.append(
+            {
+                "rule": block.split(":", 1)[0],
+                "resources": dict(kv.split("=", 1) for kv in resources.group(1).split(", ")),
+                "command": command.group(1) if command else "",
+            }
+        )
+    return jobs
+
+
+def path_without_slurm(tmp_path: Path) -> str:
+    """A PATH with this interpreter's bin and `which` only: no sinfo, sbatch or squeue on it."""
+    bare = tmp_path / "bare_bin"
+    bare.mkdir()
+    (bare / "which").symlink_to(shutil.which("which"))
+    return f"{Path(sys.executable).parent}{os.pathsep}{bare}"
+
+
+# -- dry runs: no cluster needed --------------------------------------------------------------------------
+
+
+def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
+    resources = {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "gpus": 4}}
+    root = workflow_copy(tmp_path / "wf", resources)
+    out = snakemake(
+        root,
+        "-n",
+        "results/table.csv",
+        "--workflow-profile",
+        "profiles/slurm",
+        path=path_without_slurm(tmp_path),
+    )
+    assert out.returncode == 0, out.text
+    assert "Using workflow specific profile profiles/slurm" in out.text
+    jobs = planned_jobs(out.text)
+    assert sorted(j["rule"] for j in jobs) == [
+        "collect",
+        "evaluate",
+        "evaluate",
+        "extract",
+        "extract",
+        "prepare",  # the pretraining set and the transfer target, decoded once each
+        "prepare",
+        "pretrain",
+        "pretrain",
+    ]
+    defaults, per_rule = SLURM_PROFILE["default-resources"], SLURM_PROFILE["set-resources"]
+    for job in jobs:
+        res, rule = job["resources"], job["rule"]
+        expected_partition = per_rule.get(rule, {}).get("slurm_partition", defaults["slurm_partition"])
+        assert res["slurm_partition"] == expected_partition, job
+        assert res["slurm_account"] == defaults["slurm_account"], job
+        if rule in resources:  # the workflow's own request wins over the profile's defaults
+            assert (int(res["mem_mb"]), int(res["runtime"]), int(res["gpu"])) == (
+                resources[rule]["mem_mb"],
+                resources[rule]["runtime"],
+                resources[rule]["gpus"],
+            ), job
+        else:
+            assert int(res["runtime"]) == defaults["runtime"], job
+    # no cap on a cluster: a 4-GPU pretrain job is one torchrun over 4 processes
+    for job in (j for j in jobs if j["rule"] == "pretrain"):
+        assert job["command"].startswith("torchrun --standalone --nproc-per-node 4 -m sslbench.cli pretrain")
+
+
+def test_default_profile_is_picked_up_and_caps_gpus(tmp_path):
+    cap = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())["resources"]["gpu"]
+    root = workflow_copy(
+        tmp_path / "wf", {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "gpus": cap + 3}}
+    )
+
+    out = snakemake(root, "-n", "results/table.csv")  # no --workflow-profile: profiles/default applies
+    assert out.returncode == 0, out.text
+    assert "Using workflow specific profile profiles/default" in out.text
+    pretrain = [j for j in planned_jobs(out.text) if j["rule"] == "pretrain"]
+    assert len(pretrain) == 2 and all(int(j["resources"]["gpu"]) == cap for j in pretrain), pretrain
+    launcher = f"torchrun --standalone --nproc-per-node {cap} " if cap > 1 else "sslbench pretrain"
+    assert all(j["command"].startswith(launcher) for j in pretrain), pretrain
+
+    # the command line wins over the profile: a 2-GPU machine runs 2-process DDP
+    out = snakemake(root, "-n", "results/table.csv", "--resources", "gpu=2")
+    assert out.returncode == 0, out.text
+    pretrain = [j for j in planned_jobs(out.text) if j["rule"] == "pretrain"]
+    assert len(pretrain) == 2 and all(
+        j["command"].startswith("torchrun --standalone --nproc-per-node 2 -m sslbench.cli pretrain")
+        for j in pretrain
+    ), pretrain
+
+
+# -- a real run through a local SLURM ---------------------------------------------------------------------
+
+
+def local_test_profile(root: Path) -> Path:
+    """profiles/slurm adjusted to the local cluster: its partition, no account, squeue for job states."""
+    profile = yaml.safe_load((root / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"]["slurm_partition"] = PARTITION
+    del profile["default-resources"]["slurm_account"]
+    for settings in profile.get("set-resources", {}).values():
+        if "slurm_partition" in settings:
+            settings["slurm_partition"] = PARTITION
+    profile.update(
+        {
+            "slurm-status-command": "squeue",  # no accounting database: sacct knows no job
+            "slurm-init-seconds-before-status-checks": 6,  # first poll (default 40 s); +10 s per empty poll
+            "latency-wait": 5,
+            "retries": 0,
+            "keep-going": False,
+            "slurm-keep-successful-logs": True,
+        }
+    )
+    folder = root / "profiles" / "slurm_local"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(profile))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def slurm_and_local_runs(tmp_path_factory):
+    """The tiny config run locally and through SLURM; yields both folders, the cluster and timings."""
+    require("slurm", why_unavailable())
+    base = tmp_path_factory.mktemp("slurm")
+    cluster = LocalSlurm(base / "cluster")
+    try:
+        try:
+            cluster.start()
+        except SlurmBusy as busy:
+            require("slurm", str(busy))
+        local = workflow_copy(base / "local")
+        on_slurm = workflow_copy(base / "on_slurm")
+        local_test_profile(on_slurm)
+        start, started = time.monotonic(), time.time()
+        # The local run (profiles/default) goes alongside, niced: it uses the CPU the SLURM run leaves
+        # idle while the executor plugin waits between its status polls.
+        with open(base / "local.log", "w") as log:
+            local_run = subprocess.Popen(
+                **snakemake_command(local, "results/table.csv"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=lambda: os.nice(19),
+            )
+            try:
+                run = snakemake(
+                    on_slurm,
+                    "results/table.csv",
+                    "--workflow-profile",
+                    "profiles/slurm_local",
+                    env=cluster.env,
+                    timeout=240,
+                )
+                timings = {"slurm": time.monotonic() - start}
+                local_run.wait(timeout=240)
+                timings["local"] = (base / "local.log").stat().st_mtime - started  # its last line
+            finally:
+                if local_run.poll() is None:
+                    local_run.kill()
+        assert run.returncode == 0, run.text + "\n" + cluster.log_tail()
+        assert local_run.returncode == 0, (base / "local.log").read_text()
+        yield {"local": local, "slurm": on_slurm, "jobs": cluster.jobs(), "timings": timings, "log": run.text}
+    finally:
+        cluster.stop()
+
+
+def test_slurm_run_gives_the_same_table_as_a_local_run(slurm_and_local_runs):
+    local = pd.read_csv(slurm_and_local_runs["local"] / "results" / "table.csv")
+    slurm = pd.read_csv(slurm_and_local_runs["slurm"] / "results" / "table.csv")
+    columns = [*TABLE_KEYS, "value"]
+    local, slurm = (t[columns].sort_values(TABLE_KEYS).reset_index(drop=True) for t in (local, slurm))
+    assert set(local["method"]) == {"simclr", "random"} and len(local) >= 4
+    pd.testing.assert_frame_equal(slurm, local, check_exact=True)
+    print("timings (s):", {k: round(v, 1) for k, v in slurm_and_local_runs["timings"].items()})
+
+
+def test_every_job_ran_under_slurm_with_its_rules_resources(slurm_and_local_runs):
+    assert "Using workflow specific profile profiles/slurm_local" in slurm_and_local_runs["log"]
+    jobs = slurm_and_local_runs["jobs"]
+    rules = [re.match(r"rule_([a-z]+)", job.get("Comment", "")).group(1) for job in jobs]
+    # collect and report are local rules: they run on the submitting node, not through the queue
+    assert sorted(rules) == ["evaluate", "evaluate", "extract", "extract", "pretrain", "pretrain"]
+    for rule, job in zip(rules, jobs):
+        assert job["JobState"] == "COMPLETED" and job["Partition"] == PARTITION, job
+        if rule in RESOURCES:  # threads -> --cpus-per-task, mem_mb -> --mem, runtime -> -t
+            want = RESOURCES[rule]
+            assert job["TimeLimit"] == f"00:{want['runtime']:02d}:00", job
+            assert job["MinMemoryNode"] == f"{want['mem_mb']}M", job
+            assert int(job["NumCPUs"]) == want["threads"], job
