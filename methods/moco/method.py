@@ -16,17 +16,9 @@ queue in sslbench/pretrain/queue.py, shared with PCL. The evaluated encoder is t
 
 import torch.nn.functional as F
 
-from sslbench import distributed as dist
 from sslbench.losses import info_nce
 from sslbench.method import Method
-from sslbench.pretrain.moco import (
-    MomentumEncoder,
-    check_bn_splits,
-    check_version,
-    moco_head,
-    temperature_of,
-    use_split_batch_norm,
-)
+from sslbench.pretrain.moco import check_version, query_head_and_key_encoder, temperature_of
 from sslbench.pretrain.queue import KeyQueue, fit_queue_size
 
 
@@ -37,12 +29,9 @@ class MoCo(Method):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
         check_version(cfg)
-        # Split BN before the copy, so that the key encoder has it too.
-        use_split_batch_norm(
-            self.backbone, check_bn_splits(p["bn_splits"], info.batch_size // dist.world_size())
+        self.projector, self.key_encoder = query_head_and_key_encoder(
+            self.backbone, p["version"], p["dim"], p["bn_splits"], info.batch_size
         )
-        self.projector = moco_head(p["version"], self.backbone.num_features, p["dim"])
-        self.key_encoder = MomentumEncoder([self.backbone, self.projector])
         # K: every step enqueues the global batch's keys (moco/builder.py asserts K % batch == 0).
         self.queue = KeyQueue(fit_queue_size(p["queue_size"], info.batch_size, info.num_train), p["dim"])
         self.temperature = temperature_of(p)

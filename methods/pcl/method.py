@@ -30,14 +30,7 @@ from sslbench.clustering import concentration, kmeans
 from sslbench.errors import ConfigError
 from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes
 from sslbench.method import Method
-from sslbench.pretrain.moco import (
-    MomentumEncoder,
-    check_bn_splits,
-    check_version,
-    moco_head,
-    temperature_of,
-    use_split_batch_norm,
-)
+from sslbench.pretrain.moco import check_version, query_head_and_key_encoder, temperature_of
 from sslbench.pretrain.queue import KeyQueue, fit_queue_size
 
 
@@ -48,11 +41,9 @@ class PCL(Method):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
         check_version(cfg)  # PCL v1 / v2 build on MoCo v1 / v2 (pcl/builder.py)
-        use_split_batch_norm(
-            self.backbone, check_bn_splits(p["bn_splits"], info.batch_size // dist.world_size())
+        self.projector, self.key_encoder = query_head_and_key_encoder(
+            self.backbone, p["version"], p["dim"], p["bn_splits"], info.batch_size
         )
-        self.projector = moco_head(p["version"], self.backbone.num_features, p["dim"])
-        self.key_encoder = MomentumEncoder([self.backbone, self.projector])
         self.queue = KeyQueue(fit_queue_size(p["queue_size"], info.batch_size, info.num_train), p["dim"])
         self.temperature = temperature_of(p)
         self.warmup_epochs = int(p["warmup_epochs"])

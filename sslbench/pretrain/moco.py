@@ -196,3 +196,14 @@ def temperature_of(params: dict) -> float:
     """`temperature`, or the MoCo version's paper value when it is null."""
     value = params.get("temperature")
     return float(value) if value is not None else version_settings(params["version"])["temperature"]
+
+
+def query_head_and_key_encoder(
+    backbone: nn.Module, version: int | str, dim: int, bn_splits: int, batch_size: int
+) -> tuple[nn.Sequential, MomentumEncoder]:
+    """The version's query head on ``backbone`` and the key encoder, a frozen copy of both. The
+    backbone's BatchNorm2d become split BN first (``bn_splits`` sub-batches of each process's share
+    of the global ``batch_size``), so that the copy has them too."""
+    use_split_batch_norm(backbone, check_bn_splits(bn_splits, batch_size // dist.world_size()))
+    head = moco_head(version, backbone.num_features, dim)
+    return head, MomentumEncoder([backbone, head])

@@ -23,9 +23,8 @@ from sslbench import distributed as dist
 from sslbench.augment.pipeline import EvalTransform, MultiViewAugment
 from sslbench.augment.views import check_view_groups, view_groups
 from sslbench.backbones import backbone_from_config
-from sslbench.errors import ConfigError
 from sslbench.data import Dataset, dataset_stats, load_data
-from sslbench.errors import SslbenchError
+from sslbench.errors import ConfigError, SslbenchError
 from sslbench.loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate
 from sslbench.method import DataInfo, EpochContext, Method, checked_param_groups
 from sslbench.plan.settings import dataset_label

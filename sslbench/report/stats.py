@@ -22,8 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from sslbench.errors import ConfigError
-from sslbench.errors import SslbenchError
+from sslbench.errors import ConfigError, SslbenchError
 from sslbench.plan.paper import PAPER_FIELDS, paper_entries
 from sslbench.plan.runs import plan_runs
 from sslbench.plan.settings import DEFAULT_FILE, SCHEMA_FILE, load_config
