@@ -24,18 +24,15 @@ from sslbench.augment.pipeline import EvalTransform, MultiViewAugment
 from sslbench.augment.views import check_view_groups, view_groups
 from sslbench.backbones import backbone_from_config
 from sslbench.data import Dataset, dataset_stats, load_data
-from sslbench.errors import ConfigError, SslbenchError
+from sslbench.errors import ConfigError
 from sslbench.loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate
 from sslbench.method import DataInfo, EpochContext, Method, checked_param_groups
 from sslbench.plan.settings import dataset_label
 from sslbench.plugins import load_method_class
 from sslbench.pretrain.batches import batch_source
+from sslbench.pretrain.checkpoints import CHECKPOINT_DIR, EpochCheckpoints, save_final
 from sslbench.pretrain.momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from sslbench.provenance import code_record, provenance
-
-CHECKPOINT_DIR = "checkpoints"
-KEEP_CHECKPOINTS = 2
-SUPERSEDED_DIR = "superseded"  # under CHECKPOINT_DIR: checkpoints of other settings, kept, never resumed
 
 
 def epoch_generators(seed: int, epoch: int, rank: int) -> tuple[torch.Generator, torch.Generator]:
@@ -85,31 +82,6 @@ def build_method(method_dir: str | Path, cfg: dict, data: Dataset, seed: int) ->
 
 def normalisation(data: Dataset) -> tuple[list[float], list[float]]:
     return dataset_stats(data.channels, data.train.images)
-
-
-class CheckpointMismatch(SslbenchError, ValueError):
-    """An epoch checkpoint written by other method code than the one running (its keys or shapes differ)."""
-
-
-def state_differences(expected: dict, found: dict) -> list[str]:
-    """How the state dict `found` differs from `expected` in keys and shapes (empty: it loads)."""
-    missing = [k for k in expected if k not in found]
-    unexpected = [k for k in found if k not in expected]
-    shape = lambda value: tuple(getattr(value, "shape", ()))
-    shapes = [
-        f"{k} {shape(found[k])} instead of {shape(expected[k])}"
-        for k in expected
-        if k in found and shape(found[k]) != shape(expected[k])
-    ]
-    return [
-        f"{what}: {', '.join(keys)}"
-        for what, keys in [
-            ("keys the code has and the checkpoint lacks", missing),
-            ("keys the checkpoint has and the code lacks", unexpected),
-            ("shapes that differ", shapes),
-        ]
-        if keys
-    ]
 
 
 @dataclass
@@ -182,7 +154,7 @@ class Trainer:
             self.loss_fn = DistributedDataParallel(self.loss_fn, device_ids=ids)
         self.state = TrainState()
         self.log_rows: list[dict] = []
-        self.superseded: list[Path] = []  # checkpoints of other settings found by resume()
+        self.checkpoints = EpochCheckpoints(self.out_dir)
 
     # --- data -------------------------------------------------------------------------------
     def method_views(self, augment, image_size: int) -> list:
@@ -263,61 +235,25 @@ class Trainer:
             "seed": self.seed,
         }
 
-    def _save_epoch_checkpoint(self) -> None:
-        if not dist.is_main():
-            return
-        folder = self.out_dir / CHECKPOINT_DIR
-        self._set_aside_superseded()
-        atomic.save_torch(folder / f"epoch_{self.state.epoch:04d}.pt", self._checkpoint())
-        for old in sorted(folder.glob("epoch_*.pt"))[:-KEEP_CHECKPOINTS]:
-            old.unlink()
-
-    def _set_aside_superseded(self) -> None:
-        """Move the checkpoints of other settings into checkpoints/superseded/ before this run writes
-        its own: pruning keeps the newest epoch numbers, which would otherwise be theirs."""
-        if not self.superseded:
-            return
-        aside = self.out_dir / CHECKPOINT_DIR / SUPERSEDED_DIR
-        aside.mkdir(exist_ok=True)
-        for path in self.superseded:
-            if path.exists():
-                path.replace(aside / path.name)
-        print(f"[sslbench] moved {len(self.superseded)} checkpoint(s) of other settings to {aside}")
-        self.superseded = []
+    def save_epoch_checkpoint(self) -> None:
+        if dist.is_main():
+            self.checkpoints.save(self.state.epoch, self._checkpoint())
 
     def resume(self) -> bool:
-        """Restore the newest checkpoint that loads; a corrupt one is skipped with a warning.
-
-        A checkpoint whose state does not fit the method's code (another version of its method.py
-        wrote it) stops the run with CheckpointMismatch before anything is loaded.
-        """
-        for path in sorted((self.out_dir / CHECKPOINT_DIR).glob("epoch_*.pt"), reverse=True):
-            try:
-                ckpt = torch.load(path, map_location=self.device, weights_only=False)
-            except Exception as err:  # truncated or corrupt file: fall back to an older one
-                print(f"[sslbench] ignoring unreadable checkpoint {path}: {type(err).__name__}: {err}")
-                continue
-            if ckpt.get("cfg") != self.cfg or ckpt.get("seed") != self.seed:
-                print(f"[sslbench] ignoring {path}: written with other settings")
-                self.superseded.append(path)
-                continue
-            # Checked first: load_state_dict copies the matching tensors before it raises on the others.
-            differences = state_differences(self.method.state_dict(), ckpt["method_state"])
-            if differences:
-                raise CheckpointMismatch(
-                    f"{path} does not fit the code of {self.method_dir / 'method.py'} "
-                    f"({'; '.join(differences)}): another version of the method wrote it. Nothing was "
-                    f"loaded. To train from scratch, delete {path.parent}; to resume it, restore the "
-                    "method code that wrote it."
-                )
-            if self.optimizer is not None:  # validates the groups before it changes anything
-                self.optimizer.load_state_dict(ckpt["optimizer"])
-            self.method.load_state_dict(ckpt["method_state"])
-            self.state = TrainState(ckpt["epoch"], ckpt["step"], ckpt["last_finite_loss"])
-            self.log_rows = ckpt["log"]
-            print(f"[sslbench] resumed from {path} (epoch {self.state.epoch})")
-            return True
-        return False
+        """Restore the newest epoch checkpoint of these settings that loads (``EpochCheckpoints.newest``)."""
+        found = self.checkpoints.newest(
+            self.cfg, self.seed, self.method.state_dict(), self.device, self.method_dir / "method.py"
+        )
+        if found is None:
+            return False
+        path, ckpt = found
+        if self.optimizer is not None:  # validates the groups before it changes anything
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.method.load_state_dict(ckpt["method_state"])
+        self.state = TrainState(ckpt["epoch"], ckpt["step"], ckpt["last_finite_loss"])
+        self.log_rows = ckpt["log"]
+        print(f"[sslbench] resumed from {path} (epoch {self.state.epoch})")
+        return True
 
     # --- the loop ---------------------------------------------------------------------------
     def _diverged(self, value: float, batch: int) -> str:
@@ -425,7 +361,7 @@ class Trainer:
             )
         while self.state.epoch < epochs:
             row = self.train_epoch()
-            self._save_epoch_checkpoint()
+            self.save_epoch_checkpoint()
             self._write_log()
             if self.progress:
                 print(
@@ -433,7 +369,7 @@ class Trainer:
                     f"{row['images_per_s']:.0f} img/s"
                 )
         self._write_log()
-        return self._save_final(time.perf_counter() - start)
+        return self.save_final(time.perf_counter() - start)
 
     def _write_log(self) -> None:
         if not dist.is_main():
@@ -444,7 +380,7 @@ class Trainer:
         frame = pd.DataFrame(self.log_rows, columns=None if self.log_rows else columns)
         atomic.write_text(self.out_dir / "train_log.csv", frame.to_csv(index=False))
 
-    def _save_final(self, wall_time: float) -> Path:
+    def save_final(self, wall_time: float) -> Path:
         peak = torch.cuda.max_memory_allocated(self.device) if self.on_cuda else None
         meta = {
             "method": self.cfg["method"],
@@ -470,10 +406,9 @@ class Trainer:
             **provenance(self.device),
             "code": code_record("pretrain", self.method_dir),  # the files this job ran, with their sha256
         }
-        path = self.out_dir / "checkpoint.pt"
         if not dist.is_main():
-            return path
-        ckpt = {
+            return self.out_dir / "checkpoint.pt"
+        checkpoint = {
             "encoder": self.method.encoder().state_dict(),
             "method_state": self.method.state_dict(),
             "cfg": self.cfg,
@@ -481,9 +416,7 @@ class Trainer:
             "meta": meta,
             "normalisation": {"mean": self.mean, "std": self.std},
         }
-        atomic.save_torch(path, ckpt)
-        atomic.write_json(self.out_dir / "run.json", {"cfg": self.cfg, "meta": meta})
-        return path
+        return save_final(self.out_dir, checkpoint)
 
 
 def pretrain(

@@ -3,7 +3,8 @@
 1. Every method folder (discovered, not listed), and the test method tests/methods/exerciser that uses
    every piece of the contract at once: it builds on the tiny backbone, its training lowers nothing to
    NaN, and a run resumed from an epoch checkpoint ends bit-identical to the uninterrupted one. (The DDP
-   side of the contract, 2 processes = 1 process, is tests/methods/test_distributed.py, over the same folders.)
+   side of the contract, 2 processes = 1 process, is tests/methods/test_distributed.py, over the same
+   folders.)
 2. Each piece, pinned through a real Trainer: the method's parameter groups reach the optimiser with
    their options (LARS adapts the weights, not the excluded biases and norms; a fixed-lr group keeps
    its lr through the schedule), the engine moves a momentum pair by exactly (1 - tau)(online - target)

@@ -1,6 +1,7 @@
 """DINO (methods/dino): the loss against DINOLoss's formula, the centre, the teacher (no gradient, global
 crops only, EMA), the teacher-temperature warm-up, the last-layer freeze and the gradient clipping, on
-tiny inputs. Under 2 processes the centre and loss are those of one process: tests/methods/test_distributed.py."""
+tiny inputs. Under 2 processes the centre and loss are those of one process:
+tests/methods/test_distributed.py."""
 
 import math
 

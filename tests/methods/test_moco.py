@@ -259,7 +259,7 @@ def test_resume_restores_the_queue_and_key_encoder_exactly(tmp_path, method_conf
     full.fit()
     first = Trainer(METHODS_DIR / "moco", cfg, 0, tmp_path / "resumed", progress=False)
     first.train_epoch()
-    first._save_epoch_checkpoint()
+    first.save_epoch_checkpoint()
     resumed = Trainer(METHODS_DIR / "moco", cfg, 0, tmp_path / "resumed", progress=False)
     assert resumed.resume() and resumed.state.epoch == 1
     resumed.fit()

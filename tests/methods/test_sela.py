@@ -155,7 +155,7 @@ def test_labels_are_restored_exactly_on_resume(tmp_path, method_config):
 
     first = Trainer(METHODS_DIR / "sela", cfg, 0, tmp_path / "resumed", progress=False)
     first.train_epoch()
-    first._save_epoch_checkpoint()
+    first.save_epoch_checkpoint()
     resumed = Trainer(METHODS_DIR / "sela", cfg, 0, tmp_path / "resumed", progress=False)
     initial = resumed.method.labels.clone()
     assert resumed.resume()

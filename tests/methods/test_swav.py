@@ -225,7 +225,8 @@ def test_a_bad_setting_is_a_config_error_naming_it(digits, override):
 def ddp_record(out_dir: Path) -> dict:
     """Codes of sharded cosines, and three training steps with the queue starting at once (two batches
     long: full from the third step), each rank on its shard of a fixed global batch; batch norm in eval
-    mode as in tests/methods/test_distributed.py (per-process statistics are the engine's declared deviation)."""
+    mode as in tests/methods/test_distributed.py (per-process statistics are the engine's declared
+    deviation)."""
     mine = dist.shard(2 * BATCH)
     record = {"codes": swav_sinkhorn(cosines(0, 2 * BATCH, K)[mine])}
     cfg = swav_config(2 * BATCH, queue_size=4 * BATCH, queue_start_epoch=0, freeze_prototypes_epochs=0)

@@ -9,7 +9,8 @@ from support import METHODS_DIR, require
 
 from sslbench import cli
 from sslbench.loop import TrainingDiverged, learning_rate, make_optimizer, uses_fused_optimizer
-from sslbench.pretrain.trainer import CheckpointMismatch, Trainer, pretrain
+from sslbench.pretrain.checkpoints import CheckpointMismatch
+from sslbench.pretrain.trainer import Trainer, pretrain
 
 
 def schedule(**kw):
@@ -160,7 +161,7 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, method_config):
     trainer = Trainer(METHODS_DIR / "simclr", cfg, 0, tmp_path, progress=False)
     for _ in range(2):
         trainer.train_epoch()
-        trainer._save_epoch_checkpoint()
+        trainer.save_epoch_checkpoint()
     newest = tmp_path / "checkpoints" / "epoch_0002.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a full disk
     fresh = Trainer(METHODS_DIR / "simclr", cfg, 0, tmp_path, progress=False)
@@ -174,12 +175,12 @@ def test_checkpoints_of_other_settings_are_set_aside_not_pruned_in_place_of_the_
     old = Trainer(METHODS_DIR / "simclr", method_config("simclr"), 0, tmp_path, progress=False)
     for _ in range(3):
         old.train_epoch()
-        old._save_epoch_checkpoint()
+        old.save_epoch_checkpoint()
     new_cfg = method_config("simclr", train={"lr": 0.01})
     new = Trainer(METHODS_DIR / "simclr", new_cfg, 0, tmp_path, progress=False)
     assert not new.resume()
     new.train_epoch()
-    new._save_epoch_checkpoint()  # epoch 1 sorts before the old run's epochs 2 and 3
+    new.save_epoch_checkpoint()  # epoch 1 sorts before the old run's epochs 2 and 3
     folder = tmp_path / "checkpoints"
     assert sorted(p.name for p in folder.glob("epoch_*.pt")) == ["epoch_0001.pt"]
     assert sorted(p.name for p in (folder / "superseded").glob("*.pt")) == ["epoch_0002.pt", "epoch_0003.pt"]
@@ -344,6 +345,6 @@ def test_compiled_backbone_steps_as_the_eager_one_and_keeps_checkpoint_names(tmp
     for (name, a), b, start in zip(eager.method.named_parameters(), compiled.method.parameters(), before):
         update, other = a.detach() - start, b.detach() - start
         assert (other - update).norm() <= 1e-3 * update.norm(), (name, float((other - update).norm()))
-    meta, state = meta_and_encoder(compiled._save_final(0.0))
+    meta, state = meta_and_encoder(compiled.save_final(0.0))
     assert meta["fast_paths"]["compiled_backbone"] is True
     assert state.keys() == eager.method.encoder().state_dict().keys()  # no _orig_mod. prefixes
