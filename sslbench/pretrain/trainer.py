@@ -419,17 +419,9 @@ class Trainer:
         return save_final(self.out_dir, checkpoint)
 
 
-def pretrain(
-    method_dir: str | Path,
-    cfg: dict,
-    seed: int,
-    out_dir: str | Path,
-    device: str = "auto",
-    progress: bool = True,
-    prepared: str | Path | None = None,
-) -> Path:
-    """Train one (method, seed); under torchrun, every process calls this and rank 0 writes.
-    ``prepared``: the pretraining set's prepared file, read instead of the dataset's own files."""
-    path = Trainer(method_dir, cfg, seed, out_dir, device=device, progress=progress, prepared=prepared).fit()
+def pretrain(method_dir: str | Path, cfg: dict, seed: int, out_dir: str | Path, **options) -> Path:
+    """Train one (method, seed) with the Trainer's ``options``; under torchrun every process calls this
+    and rank 0 writes."""
+    path = Trainer(method_dir, cfg, seed, out_dir, **options).fit()
     dist.barrier()
     return path
