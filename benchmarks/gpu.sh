@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7's GPU benchmark, one prepared run: ResNet-18, 32x32 input, batch 512 (config/bench_gpu.yaml).
+# The GPU benchmark, one prepared run: ResNet-18, 32x32 input, batch 512 (config/bench_gpu.yaml).
 # Writes results/bench-gpu.csv: per method, s/step and images/s against the bare loop (bf16 autocast,
 # channels_last, fused optimiser as the engine uses them on CUDA), views/s against model images/s, and
 # Sinkhorn at 50k x 3000 on the GPU. Needs the project installed with a CUDA torch (pip install -e '.[gpu]').

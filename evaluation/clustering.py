@@ -24,7 +24,7 @@ from .cluster_scores import adjusted_mutual_info, adjusted_rand, normalized_mutu
 from .common import ProtocolError, check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
 
 PROTOCOL = "clustering"
-WRITES_SIDE_FILE = True  # sslbench.results.run_protocol passes side_file
+WRITES_SIDE_FILE = True  # sslbench.evaluate.run_protocol passes side_file
 TSNE_POINTS = 500
 DEFAULTS: dict = {
     "restarts": 5,  # independent k-means runs, each with its own seed; metrics averaged

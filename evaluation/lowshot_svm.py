@@ -5,7 +5,7 @@ As there: features L2-normalised (norm + 1e-5); one-vs-rest sklearn LinearSVC pe
 squared hinge, L2 penalty, tol 1e-4, max_iter 2000, class_weight {+1: 2, -1: 1};
 k labelled train samples per class for each k in `ks`, `num_draws` independent draws per k;
 liblinear's primal solver (VISSL uses the dual one: the same objective, but at large C it
-runs into max_iter and was 2-4x slower on our features);
+runs into max_iter and is slower on these features);
 mean / std / min / max over draws of the test mAP (the mean of per-class AP of the decision
 scores). Single-label: k samples of every class, AP as sklearn's average_precision_score,
 plus top-1 of the argmax over class scores. Multilabel (VOC07, targets [N, C]): for each

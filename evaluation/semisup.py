@@ -9,7 +9,7 @@ in ascending order, to ``semisup_subsets/{1pct,10pct}.txt`` beside the result JS
 
 On a transfer target (the features' ``eval`` record names it) the checkpoint is fine-tuned on the
 target's own labels, splits and image size, normalised with the pretraining set's mean and std and
-converted to the encoder's channels, as features are extracted (``sslbench.features.target_data``).
+converted to the encoder's channels, as features are extracted (``sslbench.extract.features.target_data``).
 
 Standard lists (ImageNet's 1% / 10% files): the setting ``subset_files: {1pct: path, 10pct: path}``
 replaces the draw. Each file holds one entry per line (blank lines and ``#`` comments skipped):

@@ -5,7 +5,7 @@ __all__ = ["DataInfo", "EpochContext", "Method"]
 
 
 def __getattr__(name):
-    # Lazy, so that the Snakefile's `import sslbench.config` does not pay for importing torch.
+    # Lazy, so that the Snakefile's imports of sslbench.plan do not pay for importing torch.
     if name in __all__:
         from sslbench import method
 

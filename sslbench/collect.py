@@ -77,7 +77,7 @@ def result_rows(result: dict, methods_dir: str | Path | None = None) -> list[dic
         "train_wall_time_s": run["train_wall_time_s"],
         "images_per_s": run["images_per_s"],
         "device": run["device"],
-        # the CPU kernels training ran (sslbench.kernels); absent from results written before they were pinned
+        # the CPU kernels training ran (sslbench.kernels); a run.json without the record gives null
         "cpu_kernels": json.dumps(run.get("cpu_kernels"), sort_keys=True),
         "git_commit": run["git_commit"],
         "git_dirty": run["git_dirty"],

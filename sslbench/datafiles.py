@@ -1,6 +1,6 @@
 """Where each dataset's files are looked for, and whether they are there.
 
-No torch here: planning (``sslbench.config``) asks ``missing_files`` before any job runs, so that an
+No torch here: planning (``sslbench.plan``) asks ``missing_files`` before any job runs, so that an
 optional evaluation target whose files are absent is skipped with the message of how to get them,
 and a required one stops the run. ``sslbench.data`` parses the files ``locate`` finds.
 """

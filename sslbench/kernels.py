@@ -2,21 +2,18 @@
 
 torch (oneDNN convolutions, MKL matrix products), numpy and faiss (their OpenBLAS builds) each pick
 their kernels for the processor they find, and kernels of different instruction sets sum in
-different orders. Measured on the development machine: oneDNN at AVX2 instead of AVX-512, and two
-threads instead of one, each change a few SGD steps' features of timm's test_resnet; MKL's
-bit-compatible branch changes a float32 matrix product; and faiss's OpenBLAS (0.3.15) took its SSE3
-"Prescott" kernels on one AMD EPYC machine of this kind and its Zen kernels on another. The CLI pins
-them before anything imports torch, numpy or faiss (each reads these variables when it loads); a
-variable already set in the environment wins. Every run and result records what
-was in force (``record``).
+different orders: left alone, they change the features of a few SGD steps from one machine to
+another (benchmarks/RESULTS.md). The CLI pins them before anything imports torch, numpy or faiss
+(each reads these variables when it loads); a variable already set in the environment wins. Every
+run and result records what was in force (``record``).
 
 Levels (``SSLBENCH_CPU_KERNELS``):
   avx512 (default): oneDNN at most AVX-512 (no VNNI / AMX / AVX10 variants); MKL's AVX2 branch (what
-      it runs on AMD processors anyway); OpenBLAS's Haswell kernels; faiss's AVX2 build. On the
-      development machine this is as fast as no pin. A processor without AVX-512 falls back to oneDNN's
-      AVX2 kernels, and its numbers differ (``record`` says which ran);
-  avx2: also oneDNN and ATen at AVX2, the same kernels on every x86-64 processor of the last decade;
-      training is about 40% slower on the development machine;
+      it runs on AMD processors anyway); OpenBLAS's Haswell kernels; faiss's AVX2 build. A processor
+      without AVX-512 falls back to oneDNN's AVX2 kernels, and its numbers differ (``record`` says
+      which ran);
+  avx2: also oneDNN and ATen at AVX2, the same kernels on every x86-64 processor of the last decade
+      (and slower training);
   native: no pins.
 """
 

@@ -132,8 +132,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, schedule: dict, step: in
 
 
 def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
-    """``train.fused_optimizer``: auto = fused on CUDA only (on the CPU the default for-each update
-    keeps runs bit-identical to earlier ones); true / false force it."""
+    """``train.fused_optimizer``: auto = fused on CUDA only (the CPU keeps the for-each update: a fused
+    one would change the bits of CPU runs); true / false force it."""
     fused = train.get("fused_optimizer", "auto")
     return device.type == "cuda" if fused == "auto" else bool(fused)
 

@@ -33,7 +33,7 @@ rank taking its shard of every batch; one training step per batch:
     target <- tau target + (1 - tau) online    #   every parameter, not the BN statistics
     method.on_step_end(ctx)
 
-Views (``augment:`` in the method's config.yaml, parsed by sslbench.augment.view_groups): one view
+Views (``augment:`` in the method's config.yaml, parsed by sslbench.augment.views.view_groups): one view
 setting for every view, a list with one per view (BYOL's asymmetric views: presets ``byol_view1``
 and ``byol_view2``), or multi-crop groups ``{crops: [{count, size, <view settings>}, ...]}`` with
 sizes as fractions of the dataset's image side. ``training_loss`` gets the views in that order: the
@@ -60,7 +60,7 @@ step, 1 - (1 - tau_base) pi^2 / (4 K^2) after the last, as BYOL's target_ema and
 cosine_scheduler; MoCo v3's code applies that tau at the next forward, one step later). The
 engine applies ``target <- tau target + (1 - tau) online`` right after each optimiser step and
 logs the last tau of each epoch as ``target_momentum``. The target is the method's to build:
-``sslbench.momentum.frozen_copy`` copies the online modules (MoCo, MoCo v3, DINO); BYOL's official
+``sslbench.pretrain.momentum.frozen_copy`` copies the online modules (MoCo, MoCo v3, DINO); BYOL's official
 target is initialised on its own (build it and ``freeze`` it). The target never receives gradients
 (the engine refuses a pair whose target has trainable parameters or whose shapes differ); its
 batch-norm statistics are its own.

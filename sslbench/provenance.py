@@ -180,7 +180,7 @@ def code_record(
     stage: str, method_dir: str | Path | None = None, protocol: str | None = None
 ) -> dict[str, str]:
     """{file: sha256} of the project files a job of ``stage`` (prepare, pretrain, extract, evaluate) runs;
-    keys are paths from the repository root (``sslbench/engine.py``, ``methods/moco/method.py``)."""
+    keys are paths from the repository root (``sslbench/pretrain/trainer.py``, ``methods/moco/method.py``)."""
     folder = Path(method_dir).resolve() if method_dir is not None else None
     entries = STAGE_ENTRIES[stage] + ((f"evaluation.{protocol}",) if protocol else ())
     extra = tuple(method_files(folder)) if folder is not None else ()

@@ -16,7 +16,7 @@ MoCo (v2 by default) plus prototypes found by k-means on momentum features (an E
                 loss += mean_m ProtoNCE(q, prototypes_m, assignments_m[x], phi_m, r or all negatives)
             enqueue(queue, k); SGD step on f_q; f_k = m f_k + (1 - m) f_q
 
-MoCo's machinery (split BN, key encoder, queue) comes from sslbench/momentum.py; the maths
+MoCo's machinery (split BN, key encoder, queue) comes from sslbench/pretrain/ (moco.py, queue.py); the maths
 from sslbench.losses (info_nce, proto_nce) and sslbench.clustering (kmeans, concentration).
 """
 

@@ -153,7 +153,7 @@ def _draw_params(n: int, in_h: int, in_w: int, cfg: ViewConfig, generator) -> _V
     gray = torch.rand(n, generator=generator) < cfg.gray_p
     blur = torch.rand(n, generator=generator) < cfg.blur_p
     sigma = _uniform(n, *cfg.blur_sigma, generator)
-    # Drawn last and only where used: a pipeline without solarisation draws what it drew before it existed.
+    # Drawn last and only where used: without solarisation, the other draws do not depend on this step.
     if cfg.solarise_p > 0:
         solarise = torch.rand(n, generator=generator) < cfg.solarise_p
     else:

@@ -105,9 +105,9 @@ class Bench:
 
 def pin_malloc_thresholds() -> str:
     """glibc raises its mmap threshold only as large blocks get freed, so the first loops timed in a
-    process allocate through page-faulting mmap and later ones do not: measured here, the first
-    method's bare loop ran ~10% slower than the same loop timed later. Pinning the mmap and trim
-    thresholds puts every section on the same footing. Returns what was done (the `malloc` column)."""
+    process allocate through page-faulting mmap (and run slower) and later ones do not. Pinning the
+    mmap and trim thresholds puts every section on the same footing. Returns what was done (the
+    `malloc` column)."""
     import ctypes
 
     try:

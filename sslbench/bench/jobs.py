@@ -108,7 +108,7 @@ def bench_memory(bench: Bench) -> list[dict]:
     (config ``resources``)."""
     env = child_env()
     _, baseline = run_measured(
-        [sys.executable, "-c", "import torch, sslbench.engine, evaluation.common"],
+        [sys.executable, "-c", "import torch, sslbench.pretrain.trainer, evaluation.common"],
         bench.workdir / "logs" / "import.log",
         env,
     )
@@ -246,7 +246,7 @@ def stage_rows(folder: Path) -> list[dict]:
 
 def bench_dag(bench: Bench) -> list[dict]:
     """The default DAG run from a clean folder, then a no-op rerun; with ``bench.dag_results``, only
-    the stage rows of a run already made there (the README's timed run, say)."""
+    the stage rows of a run already made there (a timed run of benchmarks/RESULTS.md, say)."""
     if bench.dag_results is not None:
         return stage_rows(Path(bench.dag_results))
     directory = bench.workdir / "dag"

@@ -25,7 +25,7 @@ MULTI_CROP = {
         {"count": 6, "size": 0.43, "crop_scale": [0.05, 0.14]},
     ],
 }
-SPLIT_BN_TARGET = ("<=", 1.03)  # MoCo step with split BN / with plain BN (issue 18)
+SPLIT_BN_TARGET = ("<=", 1.03)  # MoCo step with split BN / with plain BN
 SPLIT_BN_SPLITS = 8  # MoCo's CIFAR demo (--bn-splits 8); the config's own value is timed too
 
 

@@ -6,7 +6,7 @@ normalised with the PRETRAINING set's mean and std (what the encoder was trained
 colour images converted to the encoder's channels (``sslbench.data.CHANNEL_CONVERSIONS``). What was
 done is stored in the file's metadata (``eval``) and in every result row.
 
-The file format lives in ``sslbench.featurefile`` (no torch), re-exported here.
+The file format lives in ``sslbench.extract.featurefile`` (no torch), re-exported here.
 """
 
 from __future__ import annotations

@@ -490,7 +490,7 @@ STALE_MARK = "†"
 
 def stale_methods(table: pd.DataFrame, pair: tuple[str, str]) -> set[str]:
     """Methods of a dataset pair with at least one row computed by code that has changed since
-    (``stale``; a table from before the column has none)."""
+    (``stale``; a table without the column has none)."""
     if "stale" not in table:
         return set()
     rows = table[(table["pretrain_dataset"] == pair[0]) & (table["eval_dataset"] == pair[1])]
