@@ -3,9 +3,10 @@ adjusted Rand index, in numpy alone.
 
 The definitions are sklearn's (1.x) ``adjusted_mutual_info_score``, ``normalized_mutual_info_score``
 (both with average_method "arithmetic") and ``adjusted_rand_score``, special cases included; the values
-agree with sklearn's to 1e-10 (tests/evaluation/test_eval_cluster_scores.py). Importing sklearn.metrics takes about
-a second, several times the rest of the clustering protocol's job on digits; scipy.special (gammaln)
-would still take a fifth of a second, so the log-factorials come from math.lgamma.
+agree with sklearn's to 1e-10 (tests/evaluation/test_eval_cluster_scores.py). Importing
+sklearn.metrics takes about a second, several times the rest of the clustering protocol's job on
+digits; scipy.special (gammaln) would still take a fifth of a second, so the log-factorials come from
+math.lgamma.
 
 Mutual information and entropies are in nats. Labels may be any values np.unique sorts (ints, strings);
 a cluster or class is a distinct value, whatever its number.
