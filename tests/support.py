@@ -3,9 +3,11 @@ real suite (digits, timm's test_resnet, 2 epochs), and ``require``: what a test 
 component of the machine is missing."""
 
 import json
+import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,6 +98,15 @@ def preset_config(name: str) -> dict:
     return load_config(REPO / "config", [REPO / "config" / f"{name}.yaml"])
 
 
+def random_views(seed: int = 0, n: int = 16, local: int = 0) -> list[torch.Tensor]:
+    """Views of ``n`` random images as a method's loss takes them: 2 global 8-px views, then ``local``
+    3-px ones, all drawn from one generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, 1, 8, 8, generator=g) for _ in range(2)] + [
+        torch.randn(n, 1, 3, 3, generator=g) for _ in range(local)
+    ]
+
+
 def fixed_batch_losses(trainer, steps: int, labelled: bool, size: int = 64) -> list[float]:
     """Losses of ``steps`` optimiser steps on one fixed batch with fixed views: training must lower them."""
     idx = torch.arange(size)
@@ -110,6 +121,65 @@ def fixed_batch_losses(trainer, steps: int, labelled: bool, size: int = 64) -> l
         trainer.optimizer.step()
         losses.append(float(loss.detach()))
     return losses
+
+
+def assert_trains(method_config, method: str, out: Path, shrink: float) -> list[float]:
+    """12 steps on one fixed labelled batch lower the loss of ``method`` below ``shrink`` times the first,
+    and the engine's loop runs its 2 epochs with finite losses. Returns those epoch losses."""
+    from sslbench.pretrain.trainer import Trainer
+
+    trainer = Trainer(METHODS_DIR / method, method_config(method), 0, out, progress=False)
+    losses = fixed_batch_losses(trainer, steps=12, labelled=True)
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < shrink * losses[0], losses
+    fresh = Trainer(METHODS_DIR / method, method_config(method), 0, out / "run", progress=False)
+    fresh.fit()
+    epoch_losses = [row["loss"] for row in fresh.log_rows]
+    assert len(epoch_losses) == 2 and all(math.isfinite(v) for v in epoch_losses)
+    return epoch_losses
+
+
+def mlp_layout(mlp) -> tuple[list[type], list[tuple[int, int]], list[bool]]:
+    """An MLP as plain data to compare: the type of each layer, then the (in, out) features and whether
+    there is a bias of each nn.Linear."""
+    linears = [m for m in mlp if isinstance(m, torch.nn.Linear)]
+    shapes = [(m.in_features, m.out_features) for m in linears]
+    return [type(m) for m in mlp], shapes, [m.bias is not None for m in linears]
+
+
+def lars_groups(trainer) -> tuple[dict, dict]:
+    """The trainer's LARS groups (weights, then biases and norms), checked to split the method's parameters
+    into its matrices and its vectors."""
+    from sslbench.loop import Lars
+
+    optimizer, method = trainer.optimizer, trainer.method
+    assert isinstance(optimizer, Lars)
+    weights, biases = optimizer.param_groups
+    assert {id(p) for p in weights["params"]} == {id(p) for p in method.parameters() if p.ndim > 1}
+    assert {id(p) for p in biases["params"]} == {id(p) for p in method.parameters() if p.ndim == 1}
+    return weights, biases
+
+
+def feature_dict(train, train_labels, test, test_labels, num_classes, array=torch.as_tensor) -> dict:
+    """A feature file's contents as an evaluation protocol reads them: float32 features and the labels of
+    both splits, made by ``array`` (torch.as_tensor, as load_features gives them, or np.asarray)."""
+    return {
+        "train": array(np.asarray(train, dtype=np.float32)),
+        "train_labels": array(train_labels),
+        "test": array(np.asarray(test, dtype=np.float32)),
+        "test_labels": array(test_labels),
+        "num_classes": num_classes,
+        "meta": {},
+    }
+
+
+def independent_features(seed, n_train, n_test, dim, num_classes, array=torch.as_tensor) -> dict:
+    """feature_dict of Gaussian features with labels drawn independently of them: any protocol scores
+    chance on the test split."""
+    rng = np.random.default_rng(seed)
+    train, train_labels = rng.normal(size=(n_train, dim)), rng.integers(0, num_classes, n_train)
+    test, test_labels = rng.normal(size=(n_test, dim)), rng.integers(0, num_classes, n_test)
+    return feature_dict(train, train_labels, test, test_labels, num_classes, array)
 
 
 def hadamard_columns(n: int, d: int) -> torch.Tensor:

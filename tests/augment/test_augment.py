@@ -1,4 +1,4 @@
-"""Tests of the batched view pipeline (sslbench/augment.py).
+"""Tests of the batched view pipeline (sslbench/augment/).
 
 Reference values come from hand computation and from torchvision's own
 per-image functional ops (real torchvision, image by image).

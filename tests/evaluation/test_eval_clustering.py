@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-import torch
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
+from support import feature_dict
 
 from evaluation import clustering
 from evaluation.common import l2_normalize, seed_for
@@ -11,17 +11,12 @@ from sslbench.extract.featurefile import load_features
 from sslbench.kmeans import kmeans
 
 
-def feature_dict(test, test_labels, num_classes, n_train=20, dim=None):
+def with_random_train(test, test_labels, num_classes):
+    """Features of the test split ``test`` beside a random train split of 20 (the protocol clusters the
+    test split alone)."""
     rng = np.random.default_rng(0)
-    dim = dim or test.shape[1]
-    return {
-        "train": torch.as_tensor(rng.normal(size=(n_train, dim)), dtype=torch.float32),
-        "train_labels": torch.as_tensor(rng.integers(0, num_classes, n_train)),
-        "test": torch.as_tensor(test, dtype=torch.float32),
-        "test_labels": torch.as_tensor(test_labels),
-        "num_classes": num_classes,
-        "meta": {},
-    }
+    train = rng.normal(size=(20, test.shape[1]))
+    return feature_dict(train, rng.integers(0, num_classes, 20), test, test_labels, num_classes)
 
 
 def one_hot(seed, num_classes=6, n=300, noise=0.02):
@@ -38,7 +33,7 @@ def test_kmeans_recovers_well_separated_classes():
 
 def test_separable_features_give_perfect_scores():
     x, labels = one_hot(1)
-    metrics, used = clustering.evaluate(feature_dict(x, labels, 6), {"nredo": 3}, seed=0)
+    metrics, used = clustering.evaluate(with_random_train(x, labels, 6), {"nredo": 3}, seed=0)
     assert set(metrics) == {"ami", "nmi", "ari", "ami_k2x", "ami_k5x"}
     assert metrics["ami"] == pytest.approx(1.0) and metrics["nmi"] == pytest.approx(1.0)
     assert metrics["ari"] == pytest.approx(1.0)
@@ -52,7 +47,7 @@ def test_features_independent_of_labels_give_chance_scores():
     # so 0.02 is a wide bound that still fails any real signal.
     rng = np.random.default_rng(2)
     metrics, _ = clustering.evaluate(
-        feature_dict(rng.normal(size=(2000, 16)), rng.integers(0, 10, 2000), 10),
+        with_random_train(rng.normal(size=(2000, 16)), rng.integers(0, 10, 2000), 10),
         {"restarts": 3, "overcluster": [2]},
         seed=0,
     )
@@ -64,7 +59,7 @@ def test_metrics_are_sklearns_on_each_restart_averaged_with_seeds_derived_from_t
     rng = np.random.default_rng(3)
     x, labels = rng.normal(size=(200, 5)), rng.integers(0, 4, 200)  # no structure: restarts disagree
     settings = {"restarts": 3, "niter": 10, "overcluster": [2]}
-    metrics, _ = clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)
+    metrics, _ = clustering.evaluate(with_random_train(x, labels, 4), settings, seed=7)
 
     def restarts(k):  # the assignments of each restart, from the seed (seed, k, restart)
         found = [
@@ -83,28 +78,28 @@ def test_metrics_are_sklearns_on_each_restart_averaged_with_seeds_derived_from_t
     for name, values in per_restart.items():
         assert len(set(values)) == 3, name  # the restarts differ, so the mean is a real average
         assert metrics[name] == pytest.approx(np.mean(values), rel=1e-12, abs=1e-12), name
-    assert clustering.evaluate(feature_dict(x, labels, 4), settings, seed=7)[0] == metrics
-    assert clustering.evaluate(feature_dict(x, labels, 4), settings, seed=8)[0] != metrics
+    assert clustering.evaluate(with_random_train(x, labels, 4), settings, seed=7)[0] == metrics
+    assert clustering.evaluate(with_random_train(x, labels, 4), settings, seed=8)[0] != metrics
 
 
 def test_k_is_capped_at_the_number_of_test_samples():
     x, labels = one_hot(4, num_classes=6, n=20)
-    metrics, used = clustering.evaluate(feature_dict(x, labels, 6), {"restarts": 1}, seed=0)
+    metrics, used = clustering.evaluate(with_random_train(x, labels, 6), {"restarts": 1}, seed=0)
     assert used["k"]["ami_k5x"] == 20 and np.isfinite(list(metrics.values())).all()
 
 
 def test_settings_errors():
     x, labels = one_hot(5)
     with pytest.raises(ValueError, match=r"'k'.*known settings are"):
-        clustering.evaluate(feature_dict(x, labels, 6), {"k": 5}, seed=0)
+        clustering.evaluate(with_random_train(x, labels, 6), {"k": 5}, seed=0)
     with pytest.raises(ValueError, match="restarts"):
-        clustering.evaluate(feature_dict(x, labels, 6), {"restarts": 0}, seed=0)
+        clustering.evaluate(with_random_train(x, labels, 6), {"restarts": 0}, seed=0)
 
 
 def test_side_file_holds_the_assignments_it_scored_and_a_tsne_of_a_fixed_subset(tmp_path, monkeypatch):
     monkeypatch.setattr(clustering, "TSNE_POINTS", 100)  # the cap, lowered: t-SNE of 500 takes seconds
     x, labels = one_hot(6, num_classes=4, n=90, noise=0.5)
-    features = feature_dict(x, labels, 4)
+    features = with_random_train(x, labels, 4)
     metrics, used = clustering.evaluate(features, {"restarts": 3}, seed=2, side_file=tmp_path / "c.npz")
     # writing the side file changes no number
     assert (metrics, used) == clustering.evaluate(features, {"restarts": 3}, seed=2)
@@ -116,7 +111,7 @@ def test_side_file_holds_the_assignments_it_scored_and_a_tsne_of_a_fixed_subset(
     assert side["tsne"].shape == (90, 2) and np.isfinite(side["tsne"]).all()
     assert np.array_equal(side["tsne_labels"], labels[side["tsne_index"]])
     # at most TSNE_POINTS test points, the same subset whatever the run seed
-    many = feature_dict(*one_hot(7, num_classes=4, n=clustering.TSNE_POINTS + 50), 4)
+    many = with_random_train(*one_hot(7, num_classes=4, n=clustering.TSNE_POINTS + 50), 4)
     subsets = []
     for seed in (0, 1):
         path = tmp_path / f"{seed}.npz"
@@ -127,7 +122,7 @@ def test_side_file_holds_the_assignments_it_scored_and_a_tsne_of_a_fixed_subset(
 
 def test_without_maps_the_side_file_keeps_its_assignments_and_leaves_out_the_tsne(tmp_path):
     x, labels = one_hot(6, num_classes=4, n=60, noise=0.5)
-    features = feature_dict(x, labels, 4)
+    features = with_random_train(x, labels, 4)
     with_maps, without = tmp_path / "with.npz", tmp_path / "without.npz"
     assert clustering.evaluate(features, {"restarts": 2}, seed=1, side_file=with_maps) == clustering.evaluate(
         features, {"restarts": 2}, seed=1, side_file=without, maps=False

@@ -7,22 +7,10 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from sklearn.neighbors import NearestNeighbors
-from support import REPO
+from support import REPO, feature_dict, independent_features
 
 from evaluation import knn
-
-
-def feature_dict(train, train_labels, test, test_labels, num_classes):
-    return {
-        "train": torch.as_tensor(train, dtype=torch.float32),
-        "train_labels": torch.as_tensor(train_labels),
-        "test": torch.as_tensor(test, dtype=torch.float32),
-        "test_labels": torch.as_tensor(test_labels),
-        "num_classes": num_classes,
-        "meta": {},
-    }
 
 
 def naive_scores(train, train_labels, test, k, temperature, num_classes):
@@ -110,15 +98,8 @@ def test_separable_features_give_perfect_accuracy_and_names_follow_requested_k()
 def test_features_independent_of_labels_give_chance_accuracy():
     # Test labels drawn independently of everything else: each prediction is right with
     # probability exactly 1/C (top-5: 5/C), so the accuracy is Binomial(M, p) / M.
-    rng = np.random.default_rng(1)
     c, m = 10, 2000
-    features = feature_dict(
-        rng.normal(size=(1000, 32)),
-        rng.integers(0, c, 1000),
-        rng.normal(size=(m, 32)),
-        rng.integers(0, c, m),
-        c,
-    )
+    features = independent_features(1, n_train=1000, n_test=m, dim=32, num_classes=c)
     metrics, _ = knn.evaluate(features, {"variants": [{"k": 20, "temperature": 0.07}]}, seed=0)
     for name, p in [("top1_k20_t0.07", 0.1), ("top5_k20_t0.07", 0.5)]:
         sigma = math.sqrt(p * (1 - p) / m)

@@ -1,27 +1,18 @@
 """Linear probe on cached features: the numpy fit, the held-out weight-decay choice, known answers."""
 
+import functools
 import math
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from support import REPO
+from support import REPO, feature_dict, independent_features
 
 from evaluation import linear
 
 SMALL_GRID = {"weight_decay_grid": [1e-4, 1e-2, 1.0], "max_iter": 100}
-
-
-def feature_dict(train, train_labels, test, test_labels, num_classes):
-    return {
-        "train": np.asarray(train, dtype=np.float32),
-        "train_labels": np.asarray(train_labels),
-        "test": np.asarray(test, dtype=np.float32),
-        "test_labels": np.asarray(test_labels),
-        "num_classes": num_classes,
-        "meta": {},
-    }
+numpy_features = functools.partial(feature_dict, array=np.asarray)  # the cached mode needs no torch
 
 
 def blobs(seed, num_classes=5, dim=12, n_train=200, n_test=300, spread=1.5):
@@ -147,7 +138,7 @@ print(sorted(m for m in ("torch", "sklearn", "timm", "torchvision", "sslbench.lo
 
 def test_the_device_setting_is_accepted_and_the_cached_mode_runs_on_the_cpu():
     train, ytr, test, yte, c = blobs(8, n_train=60, n_test=20)
-    features = feature_dict(train, ytr, test, yte, c)
+    features = numpy_features(train, ytr, test, yte, c)
     metrics, used = linear.evaluate(features, {**SMALL_GRID, "device": "cuda:0"}, seed=0)
     default_metrics, default_used = linear.evaluate(features, SMALL_GRID, seed=0)
     assert used["device"] == default_used["device"] == "cpu"
@@ -175,7 +166,7 @@ def test_separable_features_give_perfect_accuracy():
     rng = np.random.default_rng(1)
     c = 8
     ytr, yte = np.repeat(np.arange(c), 15), rng.integers(0, c, 100)
-    features = feature_dict(
+    features = numpy_features(
         np.eye(c)[ytr] + 0.01 * rng.normal(size=(len(ytr), c)),
         ytr,
         np.eye(c)[yte] + 0.01 * rng.normal(size=(len(yte), c)),
@@ -190,15 +181,8 @@ def test_separable_features_give_perfect_accuracy():
 def test_features_independent_of_labels_give_chance_accuracy():
     # The probe never sees the test labels, drawn independently of everything: each
     # prediction is right with probability exactly 1/C, so top-1 ~ Binomial(M, 1/C) / M.
-    rng = np.random.default_rng(2)
     c, m = 10, 2000
-    features = feature_dict(
-        rng.normal(size=(500, 16)),
-        rng.integers(0, c, 500),
-        rng.normal(size=(m, 16)),
-        rng.integers(0, c, m),
-        c,
-    )
+    features = independent_features(2, n_train=500, n_test=m, dim=16, num_classes=c, array=np.asarray)
     metrics, _ = linear.evaluate(features, SMALL_GRID, seed=0)
     for name, p in [("top1", 0.1), ("top5", 0.5)]:
         assert abs(metrics[name] - p) < 4.5 * math.sqrt(p * (1 - p) / m), (name, metrics[name])
@@ -206,9 +190,9 @@ def test_features_independent_of_labels_give_chance_accuracy():
 
 def test_weight_decay_choice_never_sees_the_test_split():
     train, ytr, test, yte, c = blobs(3)
-    clean, used = linear.evaluate(feature_dict(train, ytr, test, yte, c), SMALL_GRID, seed=0)
+    clean, used = linear.evaluate(numpy_features(train, ytr, test, yte, c), SMALL_GRID, seed=0)
     rng = np.random.default_rng(9)
-    corrupt = feature_dict(train, ytr, rng.normal(size=test.shape) * 100, rng.integers(0, c, len(yte)), c)
+    corrupt = numpy_features(train, ytr, rng.normal(size=test.shape) * 100, rng.integers(0, c, len(yte)), c)
     _, used_corrupt = linear.evaluate(corrupt, SMALL_GRID, seed=0)
     assert used_corrupt["weight_decay"] == used["weight_decay"]
     assert used_corrupt["val_top1_per_weight_decay"] == used["val_top1_per_weight_decay"]
@@ -219,7 +203,7 @@ def test_weight_decay_choice_never_sees_the_test_split():
 
 def test_deterministic_for_a_seed_and_the_seed_moves_the_holdout():
     train, ytr, test, yte, c = blobs(4)
-    features = feature_dict(train, ytr, test, yte, c)
+    features = numpy_features(train, ytr, test, yte, c)
     first, used_first = linear.evaluate(features, SMALL_GRID, seed=5)
     second, used_second = linear.evaluate(features, SMALL_GRID, seed=5)
     assert first == second and used_first == used_second
@@ -229,7 +213,7 @@ def test_deterministic_for_a_seed_and_the_seed_moves_the_holdout():
 
 def test_modes_and_settings_errors():
     train, ytr, test, yte, c = blobs(5, n_train=40, n_test=10)
-    features = feature_dict(train, ytr, test, yte, c)
+    features = numpy_features(train, ytr, test, yte, c)
     with pytest.raises(ValueError, match="needs the checkpoint"):
         linear.evaluate(features, {"mode": "paper"}, seed=0)
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
@@ -237,7 +221,7 @@ def test_modes_and_settings_errors():
     with pytest.raises(ValueError, match=r"'lr'.*known settings are"):
         linear.evaluate(features, {"lr": 30}, seed=0)
     with pytest.raises(ValueError, match="ids outside"):
-        linear.evaluate(feature_dict(train, ytr + c, test, yte, c), SMALL_GRID, seed=0)
+        linear.evaluate(numpy_features(train, ytr + c, test, yte, c), SMALL_GRID, seed=0)
 
 
 def test_the_same_affine_map_of_every_feature_on_both_splits_changes_nothing():
@@ -246,8 +230,8 @@ def test_the_same_affine_map_of_every_feature_on_both_splits_changes_nothing():
     train, ytr, test, yte, c = blobs(6)
     rng = np.random.default_rng(1)
     scale, shift = 2.0 ** rng.integers(-6, 7, train.shape[1]), rng.normal(0, 50, train.shape[1])
-    metrics, used = linear.evaluate(feature_dict(train, ytr, test, yte, c), SMALL_GRID, seed=0)
-    moved = feature_dict(train * scale + shift, ytr, test * scale + shift, yte, c)
+    metrics, used = linear.evaluate(numpy_features(train, ytr, test, yte, c), SMALL_GRID, seed=0)
+    moved = numpy_features(train * scale + shift, ytr, test * scale + shift, yte, c)
     moved_metrics, moved_used = linear.evaluate(moved, SMALL_GRID, seed=0)
     assert moved_metrics == metrics and moved_used["weight_decay"] == used["weight_decay"]
     assert moved_used["val_top1_per_weight_decay"] == used["val_top1_per_weight_decay"]
@@ -261,11 +245,11 @@ def test_a_test_image_is_scored_without_the_statistics_of_the_other_test_images(
     train, ytr, test, yte, c = blobs(7)
     parts = [(test, yte), (40 * test + 25, yte)]
     whole, _ = linear.evaluate(
-        feature_dict(train, ytr, np.concatenate([test, parts[1][0]]), np.concatenate([yte, yte]), c),
+        numpy_features(train, ytr, np.concatenate([test, parts[1][0]]), np.concatenate([yte, yte]), c),
         SMALL_GRID,
         seed=0,
     )
-    scored = [linear.evaluate(feature_dict(train, ytr, x, y, c), SMALL_GRID, seed=0)[0] for x, y in parts]
+    scored = [linear.evaluate(numpy_features(train, ytr, x, y, c), SMALL_GRID, seed=0)[0] for x, y in parts]
     for name in ("top1", "top5"):
         hits = sum(metrics[name] * len(yte) for metrics in scored)
         assert hits == pytest.approx(whole[name] * 2 * len(yte), abs=1e-9), name

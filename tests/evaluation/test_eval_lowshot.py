@@ -6,22 +6,12 @@ import torch
 from sklearn.metrics import average_precision_score
 from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import LinearSVC
+from support import feature_dict
 
 from evaluation import lowshot_svm as ls
 from evaluation.common import seed_for
 
 FAST = {"ks": [1, 2, 4, 8], "num_draws": 3, "cost_grid": [0.1, 1.0, 10.0]}
-
-
-def feature_dict(train, train_labels, test, test_labels, num_classes):
-    return {
-        "train": torch.as_tensor(train, dtype=torch.float32),
-        "train_labels": torch.as_tensor(train_labels),
-        "test": torch.as_tensor(test, dtype=torch.float32),
-        "test_labels": torch.as_tensor(test_labels),
-        "num_classes": num_classes,
-        "meta": {},
-    }
 
 
 def one_hot_problem(seed, num_classes=5, per_class=12, n_test=60, noise=0.02):

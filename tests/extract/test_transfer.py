@@ -281,9 +281,9 @@ def test_features_and_fine_tuning_on_a_prepared_file_equal_those_on_the_datasets
 
 
 def test_the_protocols_given_the_prepared_file_are_those_that_load_images(grey, tmp_path, monkeypatch):
-    """sslbench.config.protocol_reads_images (the planner's reading of each module's READS_IMAGES)
+    """sslbench.plan.protocols.protocol_reads_images (the planner's reading of each module's READS_IMAGES)
     is what the protocols do: those that load images read the prepared file, the others none."""
-    import sslbench.features
+    import sslbench.extract.features
 
     path = extract(grey, tmp_path / "digits.npz", device="cpu")
     asked = []
@@ -292,7 +292,7 @@ def test_the_protocols_given_the_prepared_file_are_those_that_load_images(grey, 
         asked.append(prepared)
         raise LookupError("images loaded")
 
-    monkeypatch.setattr(sslbench.features, "evaluation_data", images_of)  # linear imports it when run
+    monkeypatch.setattr(sslbench.extract.features, "evaluation_data", images_of)  # linear imports it when run
     monkeypatch.setattr(semisup, "evaluation_data", images_of)
     fast = {"lowshot_svm": {"ks": [1], "num_draws": 1, "cost_grid": [1.0]}, "clustering": {"restarts": 1}}
     cases = [(p, fast.get(p, {})) for p in PROTOCOLS] + [("linear", {"mode": "paper", "epochs": 0})]

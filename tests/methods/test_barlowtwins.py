@@ -8,10 +8,9 @@ import math
 
 import pytest
 import torch
-from support import METHODS_DIR, hadamard_columns
+from support import METHODS_DIR, hadamard_columns, lars_groups, mlp_layout
 from torch import nn
 
-from sslbench.loop import Lars
 from sslbench.losses import barlow_twins, cross_correlation, off_diagonal
 from sslbench.pretrain.trainer import Trainer
 
@@ -115,16 +114,10 @@ def trainer(tmp_path, method_config):
 
 
 def test_projector_is_main_py_s_bias_free_mlp(trainer):
-    layers = list(trainer.method.projector)
-    kinds = [type(m) for m in layers]
+    kinds, shapes, biases = mlp_layout(trainer.method.projector)
     assert kinds == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]
-    linears = [m for m in layers if isinstance(m, nn.Linear)]
-    assert [(m.in_features, m.out_features) for m in linears] == [
-        (trainer.method.feature_dim, 32),
-        (32, 32),
-        (32, 16),
-    ]
-    assert all(m.bias is None for m in linears)
+    assert shapes == [(trainer.method.feature_dim, 32), (32, 32), (32, 16)]
+    assert biases == [False, False, False]
 
 
 def test_training_loss_is_the_loss_of_each_view_embedded_on_its_own(trainer):
@@ -140,11 +133,7 @@ def test_training_loss_is_the_loss_of_each_view_embedded_on_its_own(trainer):
 
 
 def test_lars_adapts_the_weights_and_gives_biases_and_norms_their_own_lr(trainer):
-    optimizer, method = trainer.optimizer, trainer.method
-    assert isinstance(optimizer, Lars)
-    weights, biases = optimizer.param_groups
-    assert {id(p) for p in weights["params"]} == {id(p) for p in method.parameters() if p.ndim > 1}
-    assert {id(p) for p in biases["params"]} == {id(p) for p in method.parameters() if p.ndim == 1}
+    weights, biases = lars_groups(trainer)
     assert (weights["weight_decay"], weights["exclude_from_lars"]) == (1e-6, False)
     assert (
         weights["trust_coefficient"] == 0.02

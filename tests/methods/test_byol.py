@@ -6,26 +6,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, tiny_digits
+from support import METHODS_DIR, random_views
 from torch import nn
 
 from sslbench.errors import ConfigError
 from sslbench.losses import cosine_regression
-from sslbench.pretrain.trainer import Trainer, build_method
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return tiny_digits()
-
-
-def build(method_config, digits, **overrides):
-    return build_method(METHODS_DIR / "byol", method_config("byol", **overrides), digits, 0)
-
-
-def views(n=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, 1, 8, 8, generator=g) for _ in range(2)]
+from sslbench.pretrain.trainer import Trainer
 
 
 def byol_normalise(x):
@@ -48,9 +34,9 @@ def test_regression_loss_by_hand():
     assert cosine_regression(p, z).item() == pytest.approx((2 - 2 * F.cosine_similarity(p, z)).mean().item())
 
 
-def test_loss_is_the_sum_of_both_directions_against_the_target(method_config, digits):
-    method = build(method_config, digits)
-    v1, v2 = views()
+def test_loss_is_the_sum_of_both_directions_against_the_target(build):
+    method = build("byol")
+    v1, v2 = random_views()
     loss = method.training_loss([v1, v2], None, torch.arange(16))
     q1, q2 = (method.predictor(method.projector(method.backbone(v))) for v in (v1, v2))
     z1, z2 = method.target(v1), method.target(v2)
@@ -60,8 +46,8 @@ def test_loss_is_the_sum_of_both_directions_against_the_target(method_config, di
     assert 0 < loss.item() < 8  # two terms in [0, 4]: summed, not averaged
 
 
-def test_heads_are_networks_py_mlps_and_the_target_is_initialised_on_its_own(method_config, digits):
-    method = build(method_config, digits, proj_hidden_dim=32, pred_hidden_dim=24, target_init="own")
+def test_heads_are_networks_py_mlps_and_the_target_is_initialised_on_its_own(build):
+    method = build("byol", proj_hidden_dim=32, pred_hidden_dim=24, target_init="own")
     d = method.feature_dim
     for mlp, dims in ((method.projector, (d, 32, 256)), (method.predictor, (256, 24, 256))):
         assert [type(m) for m in mlp] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]  # no output BN
@@ -73,15 +59,15 @@ def test_heads_are_networks_py_mlps_and_the_target_is_initialised_on_its_own(met
     assert not any(p.requires_grad for p in target)
     differing = [not torch.equal(t, o) for t, o in zip(target, online) if t.ndim > 1]
     assert all(differing)  # own random draw, not a copy (byol_experiment.py _make_initial_state)
-    copied = build(method_config, digits, target_init="copy")
+    copied = build("byol", target_init="copy")
     pairs = zip(copied.target.parameters(), [*copied.backbone.parameters(), *copied.projector.parameters()])
     assert all(torch.equal(t, o) for t, o in pairs)
     with pytest.raises(ConfigError, match="config key `target_init` must be own or copy, got 'twin'"):
-        build(method_config, digits, target_init="twin")
+        build("byol", target_init="twin")
 
 
-def test_groups_exclude_biases_and_norms_and_never_hold_the_target(method_config, digits):
-    method = build(method_config, digits)
+def test_groups_exclude_biases_and_norms_and_never_hold_the_target(build):
+    method = build("byol")
     weights, excluded = method.param_groups()
     online = [*method.backbone.parameters(), *method.projector.parameters(), *method.predictor.parameters()]
     assert {id(p) for p in weights["params"]} == {id(p) for p in online if p.ndim > 1}

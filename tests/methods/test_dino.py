@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, tiny_digits, tiny_suite_config
+from support import METHODS_DIR, random_views, tiny_suite_config
 
 from sslbench.errors import ConfigError
 from sslbench.method import EpochContext
@@ -26,20 +26,8 @@ def dino_config(**overrides) -> dict:
     return resolve_method_config(suite, METHODS_DIR, "dino")
 
 
-@pytest.fixture(scope="module")
-def digits():
-    return tiny_digits()
-
-
-def build(digits, **overrides):
+def build_dino(digits, **overrides):
     return build_method(METHODS_DIR / "dino", dino_config(**overrides), digits, 0)
-
-
-def crops(seed: int, local: int = 3) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(BATCH, 1, 8, 8, generator=g) for _ in range(2)] + [
-        torch.randn(BATCH, 1, 3, 3, generator=g) for _ in range(local)
-    ]
 
 
 def outputs_of(module):
@@ -67,11 +55,11 @@ def dino_loss_by_the_formula(student, teacher, center, teacher_temp, student_tem
 
 
 def test_the_loss_is_dinoloss_with_the_old_centre_which_then_moves_by_the_ema_of_teacher_means(digits):
-    method = build(digits).eval()  # eval: batch norm per sample, so the hooked outputs are the loss's
+    method = build_dino(digits).eval()  # eval: batch norm per sample, so the hooked outputs are the loss's
     teacher_calls, student_calls = outputs_of(method.teacher), outputs_of(method.head)
     centre = torch.zeros(1, OUT)
     for step in range(3):
-        views = crops(step)
+        views = random_views(step, BATCH, local=3)
         loss = method.training_loss(views, None, torch.arange(BATCH))
         (t_in, t_out), (_, s_out) = teacher_calls[-1], student_calls[-1]
         assert t_in.shape == (2 * BATCH, 1, 8, 8)  # the teacher sees the 2 global crops only
@@ -84,20 +72,20 @@ def test_the_loss_is_dinoloss_with_the_old_centre_which_then_moves_by_the_ema_of
 
 
 def test_the_teacher_gets_no_gradient_and_starts_as_the_student(digits):
-    method = build(digits)
+    method = build_dino(digits)
     for s, t in zip([*method.backbone.parameters(), *method.head.parameters()], method.teacher.parameters()):
         assert torch.equal(s, t) and not t.requires_grad
-    method.training_loss(crops(0), None, torch.arange(BATCH)).backward()
+    method.training_loss(random_views(0, BATCH, local=3), None, torch.arange(BATCH)).backward()
     assert all(p.grad is None for p in method.teacher.parameters())
     assert all(p.grad is not None for p in method.head.mlp.parameters())
 
 
 def test_the_last_layer_has_unit_rows_with_norm_last_layer(digits):
-    head = build(digits).head
+    head = build_dino(digits).head
     weight = head.last_layer.weight  # v / ||v|| x g, g fixed at 1
     torch.testing.assert_close(weight.norm(dim=1), torch.ones(OUT))
     assert not head.last_layer.parametrizations.weight.original0.requires_grad
-    assert build(
+    assert build_dino(
         digits, norm_last_layer=False
     ).head.last_layer.parametrizations.weight.original0.requires_grad
 
@@ -106,13 +94,13 @@ def test_the_last_layer_has_unit_rows_with_norm_last_layer(digits):
 
 
 def test_teacher_temperature_warms_up_linearly_per_epoch_then_stays(digits):
-    method = build(digits, warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=4)
+    method = build_dino(digits, warmup_teacher_temp=0.04, teacher_temp=0.07, warmup_teacher_temp_epochs=4)
     # np.linspace(0.04, 0.07, 4) for epochs 0..3, then 0.07
     assert [method.teacher_temperature(e) for e in range(6)] == pytest.approx(
         [0.04, 0.05, 0.06, 0.07, 0.07, 0.07]
     )
     assert (
-        build(digits, teacher_temp=0.07, warmup_teacher_temp_epochs=0).teacher_temperature(0) == 0.07
+        build_dino(digits, teacher_temp=0.07, warmup_teacher_temp_epochs=0).teacher_temperature(0) == 0.07
     )  # no warm-up
 
 
@@ -157,7 +145,7 @@ def test_the_last_layer_is_frozen_in_the_first_epoch_only(tmp_path):
 
 
 def test_gradient_clipping_caps_each_tensor_s_norm_and_leaves_small_ones(digits):
-    method = build(digits)
+    method = build_dino(digits)
     params = [*method.backbone.parameters(), *method.head.parameters()]
     trainable = [p for p in params if p.requires_grad]
     for i, p in enumerate(trainable):
@@ -173,4 +161,4 @@ def test_gradient_clipping_caps_each_tensor_s_norm_and_leaves_small_ones(digits)
 
 def test_a_one_layer_head_is_a_config_error(digits):
     with pytest.raises(ConfigError, match="methods/dino/config.yaml: num_layers"):
-        build(digits, num_layers=1)
+        build_dino(digits, num_layers=1)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import METHODS_DIR, REPO, contract_folders, tiny_suite_config
+from support import METHODS_DIR, REPO, contract_folders, pretrain_args, tiny_suite_config
 
 from sslbench import distributed as dist
 from sslbench.plan.settings import resolve_method_config
@@ -152,26 +152,9 @@ def test_two_processes_compute_what_one_process_computes_on_the_whole_batch(case
 
 
 def test_torchrun_training_writes_one_checkpoint(tmp_path):
-    import json
-
     cfg = resolve_method_config(tiny_suite_config(epochs=1), METHODS_DIR, "simclr")
     out = tmp_path / "run"
-    run = torchrun(
-        "-m",
-        "sslbench.cli",
-        "pretrain",
-        "--method-dir",
-        str(METHODS_DIR / "simclr"),
-        "--config-json",
-        json.dumps(cfg),
-        "--seed",
-        "0",
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--quiet",
-    )
+    run = torchrun("-m", "sslbench.cli", *pretrain_args(cfg, out))
     assert run.returncode == 0, run.stdout + run.stderr
     ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
     assert ckpt["meta"]["world_size"] == 2 and ckpt["meta"]["batch_per_process"] == 32

@@ -1,4 +1,4 @@
-"""MoCo (methods/moco) and its machinery (sslbench/momentum.py), on tiny inputs."""
+"""MoCo (methods/moco) and its building blocks (sslbench/pretrain/moco.py, queue.py), on tiny inputs."""
 
 import datetime
 import math

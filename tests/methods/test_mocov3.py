@@ -7,25 +7,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, tiny_digits
+from support import METHODS_DIR, random_views
 from torch import nn
 
 from sslbench.losses import batch_info_nce
-from sslbench.pretrain.trainer import Trainer, build_method
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return tiny_digits()
-
-
-def build(method_config, digits, **overrides):
-    return build_method(METHODS_DIR / "mocov3", method_config("mocov3", **overrides), digits, 0)
-
-
-def views(n=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, 1, 8, 8, generator=g) for _ in range(2)]
+from sslbench.pretrain.trainer import Trainer
 
 
 def test_batch_info_nce_by_hand():
@@ -55,9 +41,9 @@ def test_a_rank_s_rows_average_to_the_whole_batch_loss():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.2])
-def test_loss_is_2_tau_times_the_summed_cross_entropies(method_config, digits, temperature):
-    method = build(method_config, digits, temperature=temperature)
-    v1, v2 = views()
+def test_loss_is_2_tau_times_the_summed_cross_entropies(build, temperature):
+    method = build("mocov3", temperature=temperature)
+    v1, v2 = random_views()
     loss = method.training_loss([v1, v2], None, torch.arange(16))
     q1, q2 = (F.normalize(method.predictor(method.projector(method.backbone(v))), dim=1) for v in (v1, v2))
     k1, k2 = (F.normalize(method.momentum_encoder(v), dim=1) for v in (v1, v2))
@@ -67,8 +53,8 @@ def test_loss_is_2_tau_times_the_summed_cross_entropies(method_config, digits, t
     torch.testing.assert_close(method.training_loss([v2, v1], None, labels), loss)  # symmetric
 
 
-def test_heads_are_moco_v3_s_mlps_and_the_keys_get_no_gradient(method_config, digits):
-    method = build(method_config, digits, mlp_dim=32, dim=24)
+def test_heads_are_moco_v3_s_mlps_and_the_keys_get_no_gradient(build):
+    method = build("mocov3", mlp_dim=32, dim=24)
     d = method.feature_dim
     assert [type(m) for m in method.projector] == [
         nn.Linear,
@@ -90,7 +76,7 @@ def test_heads_are_moco_v3_s_mlps_and_the_keys_get_no_gradient(method_config, di
     online = [*method.backbone.parameters(), *method.projector.parameters()]
     keys = list(method.momentum_encoder.parameters())
     assert all(torch.equal(k, o) and not k.requires_grad for k, o in zip(keys, online))  # a frozen copy
-    method.training_loss(views(), None, torch.arange(16)).backward()
+    method.training_loss(random_views(), None, torch.arange(16)).backward()
     assert all(p.grad is None for p in keys)
     assert all(p.grad is not None for p in [*online, *method.predictor.parameters()] if p.requires_grad)
 

@@ -5,21 +5,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, fixed_batch_losses, preset_config, tiny_digits, tiny_suite_config
+from support import METHODS_DIR, fixed_batch_losses, preset_config, tiny_suite_config
 
 from sslbench.augment.presets import VIEW_PRESETS, view_config
 from sslbench.clustering import sinkhorn, sinkhorn_labels
 from sslbench.loop import learning_rate
 from sslbench.plan.settings import resolve_method_config
 from sslbench.plugins import load_method_class
-from sslbench.pretrain.trainer import Trainer, build_method, pretrain
+from sslbench.pretrain.trainer import Trainer, pretrain
 
 SeLa = load_method_class(METHODS_DIR / "sela")
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return tiny_digits()
 
 
 def gaps(schedule):
@@ -70,17 +65,15 @@ def test_schedule_caps_the_count_at_one_per_epoch_and_rejects_bad_settings():
 # --- labels -------------------------------------------------------------------------------
 
 
-def test_initial_labels_are_a_seeded_exact_equipartition_per_head(method_config, digits):
-    cfg = method_config("sela")
-    method = build_method(METHODS_DIR / "sela", cfg, digits, seed=0)
+def test_initial_labels_are_a_seeded_exact_equipartition_per_head(build, digits):
+    method = build("sela")
     num_train = len(digits.train)
     assert method.labels.shape == (10, num_train) and method.labels.dtype == torch.long
     for head_labels in method.labels:
         counts = torch.bincount(head_labels, minlength=128)
         assert len(counts) == 128 and counts.max() - counts.min() <= 1
     assert all(not torch.equal(method.labels[0], other) for other in method.labels[1:])  # each head its own
-    again = build_method(METHODS_DIR / "sela", cfg, digits, seed=0)
-    other_seed = build_method(METHODS_DIR / "sela", cfg, digits, seed=1)
+    again, other_seed = build("sela"), build("sela", seed=1)
     assert torch.equal(again.labels, method.labels) and not torch.equal(other_seed.labels, method.labels)
 
 
@@ -171,8 +164,8 @@ def test_labels_are_restored_exactly_on_resume(tmp_path, method_config):
 # --- the loss -----------------------------------------------------------------------------
 
 
-def test_loss_is_the_mean_over_heads_of_cross_entropy(method_config, digits):
-    method = build_method(METHODS_DIR / "sela", method_config("sela"), digits, seed=0)
+def test_loss_is_the_mean_over_heads_of_cross_entropy(build, digits):
+    method = build("sela")
     g = torch.Generator().manual_seed(0)
     indices = torch.randperm(len(digits.train), generator=g)[:16]
     views = [torch.randn(16, 1, 8, 8, generator=g)]

@@ -6,24 +6,15 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, fixed_batch_losses, tiny_digits
+from support import METHODS_DIR, fixed_batch_losses, random_views
 from torch import nn
 
 from sslbench.method import embed_views
 from sslbench.plugins import load_method_class
-from sslbench.pretrain.trainer import Trainer, build_method
+from sslbench.pretrain.trainer import Trainer
 
 LARGE_NUM = 1e9  # objective.py's mask value
 simclr_method = inspect.getmodule(load_method_class(METHODS_DIR / "simclr"))  # its nt_xent_sum
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return tiny_digits()
-
-
-def build(method_config, digits, **overrides):
-    return build_method(METHODS_DIR / "simclr", method_config("simclr", **overrides), digits, 0)
 
 
 def official_contrastive_loss(hidden1, hidden2, temperature):
@@ -56,18 +47,17 @@ def test_loss_on_collapsed_features_is_twice_log_of_the_other_views():
     assert simclr_method.nt_xent_sum(z, 0.5).item() == pytest.approx(2 * math.log(2 * 5 - 1), rel=1e-12)
 
 
-def test_training_loss_is_the_summed_loss_of_the_jointly_embedded_views(method_config, digits):
-    method = build(method_config, digits)
-    g = torch.Generator().manual_seed(0)
-    views = [torch.randn(12, 1, 8, 8, generator=g) for _ in range(2)]
+def test_training_loss_is_the_summed_loss_of_the_jointly_embedded_views(build):
+    method = build("simclr")
+    views = random_views(n=12)
     loss = method.training_loss(views, None, torch.arange(12))
     z = embed_views(method.backbone, method.projector, views)
     z1, z2 = z.unbind(1)
     torch.testing.assert_close(loss, official_contrastive_loss(z1, z2, 0.5))
 
 
-def test_projection_head_has_batch_norm_in_every_layer_as_model_util(tmp_path, method_config, digits):
-    method = build(method_config, digits)
+def test_projection_head_has_batch_norm_in_every_layer_as_model_util(tmp_path, method_config, build):
+    method = build("simclr")
     head, d = method.projector, method.feature_dim
     kinds = [type(m) for m in head]
     assert kinds == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear, nn.BatchNorm1d]

@@ -6,25 +6,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, tiny_digits
+from support import METHODS_DIR, random_views
 from torch import nn
 
 from sslbench.losses import negative_cosine
-from sslbench.pretrain.trainer import Trainer, build_method
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return tiny_digits()
-
-
-def build(method_config, digits, **overrides):
-    return build_method(METHODS_DIR / "simsiam", method_config("simsiam", **overrides), digits, 0)
-
-
-def views(n=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, 1, 8, 8, generator=g) for _ in range(2)]
+from sslbench.pretrain.trainer import Trainer
 
 
 def grads(method):
@@ -39,9 +25,9 @@ def test_negative_cosine_by_hand():
     assert negative_cosine(z, z).item() == pytest.approx(-1.0)  # the minimum: p = z
 
 
-def test_loss_is_the_mean_of_both_directions_and_symmetric_in_the_views(method_config, digits):
-    method = build(method_config, digits)
-    v1, v2 = views()
+def test_loss_is_the_mean_of_both_directions_and_symmetric_in_the_views(build):
+    method = build("simsiam")
+    v1, v2 = random_views()
     loss = method.training_loss([v1, v2], None, torch.arange(16))
     z1, z2 = (method.projector(method.backbone(v)) for v in (v1, v2))
     p1, p2 = method.predictor(z1), method.predictor(z2)
@@ -53,11 +39,11 @@ def test_loss_is_the_mean_of_both_directions_and_symmetric_in_the_views(method_c
     assert -1 <= loss.item() <= 1
 
 
-def test_the_projections_enter_the_loss_as_constants(method_config, digits):
+def test_the_projections_enter_the_loss_as_constants(build):
     # The gradient is that of D(p1, sg(z2)) / 2 + D(p2, sg(z1)) / 2: it reaches the encoder only through
     # the predictions. Without the stop-gradient it differs.
-    method = build(method_config, digits)
-    v = views()
+    method = build("simsiam")
+    v = random_views()
     method.training_loss(v, None, torch.arange(16)).backward()
     got = grads(method)
 
@@ -77,8 +63,8 @@ def test_the_projections_enter_the_loss_as_constants(method_config, digits):
     assert not torch.allclose(got[first], without[first])
 
 
-def test_heads_are_builder_py_s(method_config, digits):
-    method = build(method_config, digits, dim=48, pred_dim=12)
+def test_heads_are_builder_py_s(build):
+    method = build("simsiam", dim=48, pred_dim=12)
     d = method.feature_dim
     kinds = [type(m) for m in method.projector]
     assert kinds == [nn.Linear, nn.BatchNorm1d, nn.ReLU] * 2 + [nn.Linear, nn.BatchNorm1d]  # 3 layers
@@ -89,7 +75,7 @@ def test_heads_are_builder_py_s(method_config, digits):
     first, bn, _, last = method.predictor
     assert (first.in_features, first.out_features, last.out_features) == (48, 12, 48)  # the bottleneck
     assert first.bias is None and last.bias is not None and isinstance(bn, nn.BatchNorm1d)
-    assert len(build(method_config, digits, proj_layers=2).projector) == 5  # the paper's CIFAR variant
+    assert len(build("simsiam", proj_layers=2).projector) == 5  # the paper's CIFAR variant
 
 
 def test_the_predictor_keeps_its_lr_while_the_encoder_follows_the_cosine(tmp_path, method_config):

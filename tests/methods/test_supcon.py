@@ -1,25 +1,13 @@
 """SupCon: the loss is `supcon` on the projected views, reduces to SimCLR, and trains."""
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, fixed_batch_losses, tiny_digits
+from support import assert_trains
 from torch import nn
 
 from sslbench.losses import supcon
 from sslbench.method import embed_views
-from sslbench.pretrain.trainer import Trainer, build_method
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return tiny_digits()
-
-
-def build(method_config, digits, name="supcon", seed=0, **overrides):
-    return build_method(METHODS_DIR / name, method_config(name, **overrides), digits, seed)
 
 
 def batch(seed=0, size=12, num_classes=3):
@@ -29,8 +17,8 @@ def batch(seed=0, size=12, num_classes=3):
     return views, labels, torch.arange(size)
 
 
-def test_projection_head_is_supcontrast_mlp(method_config, digits):
-    method = build(method_config, digits)
+def test_projection_head_is_supcontrast_mlp(build):
+    method = build("supcon")
     d = method.feature_dim
     linears = [m for m in method.projector if isinstance(m, nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(d, d), (d, 128)]
@@ -38,8 +26,8 @@ def test_projection_head_is_supcontrast_mlp(method_config, digits):
     assert method.num_views == 2 and method.needs_labels and method.encoder() is method.backbone
 
 
-def test_loss_is_supcon_on_projected_features(method_config, digits):
-    method = build(method_config, digits)
+def test_loss_is_supcon_on_projected_features(build):
+    method = build("supcon")
     views, labels, idx = batch()
     loss = method.training_loss(views, labels, idx)
     z = F.normalize(
@@ -53,10 +41,10 @@ def test_loss_is_supcon_on_projected_features(method_config, digits):
 
 
 @pytest.mark.parametrize("name", ["supcon", "simclr"])
-def test_both_views_share_one_batch_norm_batch(method_config, digits, name):
+def test_both_views_share_one_batch_norm_batch(build, name):
     # main_supcon.py forwards cat([view 1, view 2]): in training, batch norm normalises over both views,
     # which one forward per view would not; in evaluation (running statistics) the two agree.
-    method = build(method_config, digits, name=name)
+    method = build(name)
     views, _, _ = batch()
 
     def per_view():
@@ -70,10 +58,10 @@ def test_both_views_share_one_batch_norm_batch(method_config, digits, name):
         torch.testing.assert_close(embed_views(method.backbone, method.projector, views), per_view())
 
 
-def test_distinct_labels_equal_simclr_nt_xent(method_config, digits):
+def test_distinct_labels_equal_simclr_nt_xent(build):
     temperature = 0.2
-    supcon_method = build(method_config, digits, temperature=temperature, base_temperature=temperature)
-    simclr = build(method_config, digits, name="simclr", temperature=temperature)
+    supcon_method = build("supcon", temperature=temperature, base_temperature=temperature)
+    simclr = build("simclr", temperature=temperature)
     simclr.backbone.load_state_dict(supcon_method.backbone.state_dict())
     simclr.projector = supcon_method.projector  # SimCLR's own head has batch norm: compare the losses
     views, _, idx = batch(size=10)
@@ -81,13 +69,13 @@ def test_distinct_labels_equal_simclr_nt_xent(method_config, digits):
     expected = simclr.training_loss(views, None, idx) / 2  # SimCLR sums its two directions
     torch.testing.assert_close(supcon_method.training_loss(views, distinct, idx), expected)
     # With the official base temperature the loss is the same, scaled by T / T_base.
-    scaled = build(method_config, digits, temperature=temperature, base_temperature=0.07)
+    scaled = build("supcon", temperature=temperature, base_temperature=0.07)
     scaled.load_state_dict(supcon_method.state_dict())
     torch.testing.assert_close(scaled.training_loss(views, distinct, idx), expected * temperature / 0.07)
 
 
-def test_gradients_reach_the_backbone(method_config, digits):
-    method = build(method_config, digits)
+def test_gradients_reach_the_backbone(build):
+    method = build("supcon")
     views, labels, idx = batch()
     method.training_loss(views, labels, idx).backward()
     for name, p in method.named_parameters():
@@ -95,20 +83,12 @@ def test_gradients_reach_the_backbone(method_config, digits):
     assert sum(p.grad.abs().sum() for p in method.backbone.parameters()) > 0
 
 
-def test_needs_labels(method_config, digits):
-    method = build(method_config, digits)
+def test_needs_labels(build):
+    method = build("supcon")
     views, _, idx = batch()
     with pytest.raises(ValueError, match="labels"):
         method.training_loss(views, None, idx)
 
 
 def test_trains_on_tiny_config(tmp_path, method_config):
-    trainer = Trainer(METHODS_DIR / "supcon", method_config("supcon"), 0, tmp_path, progress=False)
-    # A fixed batch and fixed views: SGD steps must lower the loss.
-    losses = fixed_batch_losses(trainer, steps=12, labelled=True)
-    assert all(math.isfinite(v) for v in losses)
-    assert losses[-1] < 0.9 * losses[0], losses
-    # And the engine's loop runs its epochs with finite losses.
-    fresh = Trainer(METHODS_DIR / "supcon", method_config("supcon"), 0, tmp_path / "run", progress=False)
-    fresh.fit()
-    assert len(fresh.log_rows) == 2 and all(math.isfinite(r["loss"]) for r in fresh.log_rows)
+    assert_trains(method_config, "supcon", tmp_path, shrink=0.9)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, tiny_digits, tiny_suite_config
+from support import METHODS_DIR, random_views, tiny_suite_config
 
 from sslbench import distributed as dist
 from sslbench.clustering import sinkhorn, swav_sinkhorn
@@ -30,21 +30,8 @@ def swav_config(batch: int = BATCH, **overrides) -> dict:
     return resolve_method_config(suite, METHODS_DIR, "swav")
 
 
-@pytest.fixture(scope="module")
-def digits():
-    return tiny_digits()
-
-
-def build(digits, **overrides):
+def build_swav(digits, **overrides):
     return build_method(METHODS_DIR / "swav", swav_config(**overrides), digits, 0)
-
-
-def crops(seed: int, n: int = BATCH, local: int = 2) -> list[torch.Tensor]:
-    """2 global 8-px views and `local` 3-px ones of n images."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, 1, 8, 8, generator=g) for _ in range(2)] + [
-        torch.randn(n, 1, 3, 3, generator=g) for _ in range(local)
-    ]
 
 
 def cosines(seed: int, b: int, k: int) -> torch.Tensor:
@@ -127,8 +114,8 @@ def test_swapping_the_views_codes_swaps_the_loss_terms():
 
 
 def test_the_method_s_loss_is_unchanged_when_the_two_global_views_swap(digits):
-    method = build(digits).eval()  # eval: batch norm is per sample, so only the order of views differs
-    views = crops(0)
+    method = build_swav(digits).eval()  # eval: batch norm is per sample, so only the order of views differs
+    views = random_views(0, BATCH, local=2)
     torch.manual_seed(0)
     loss = method.training_loss(views, None, torch.arange(BATCH))
     swapped = method.training_loss([views[1], views[0], *views[2:]], None, torch.arange(BATCH))
@@ -136,8 +123,8 @@ def test_the_method_s_loss_is_unchanged_when_the_two_global_views_swap(digits):
 
 
 def test_the_gradient_treats_the_codes_as_constants(digits):
-    method = build(digits).eval()
-    views = crops(1)
+    method = build_swav(digits).eval()
+    views = random_views(1, BATCH, local=2)
     method.training_loss(views, None, torch.arange(BATCH)).backward()
     got = method.prototypes.weight.grad.clone()
     method.zero_grad()
@@ -154,7 +141,7 @@ def test_the_gradient_treats_the_codes_as_constants(digits):
 
 
 def test_the_queue_joins_sinkhorn_only_once_full_and_takes_each_batch_after_its_codes(digits):
-    method = build(digits)
+    method = build_swav(digits)
     queue = KeyQueue(2 * BATCH, 128)
     queue.keys.zero_()
     embeddings = [F.normalize(torch.randn(BATCH, 128), dim=1) for _ in range(3)]
@@ -216,7 +203,7 @@ def test_prototypes_are_frozen_in_the_first_epoch_and_normalised_after_every_ste
 @pytest.mark.parametrize("override", [{"epsilon": 0.01}, {"sinkhorn_iterations": 0}, {"num_prototypes": 0}])
 def test_a_bad_setting_is_a_config_error_naming_it(digits, override):
     with pytest.raises(ConfigError, match=f"methods/swav/config.yaml: .*{next(iter(override))}"):
-        build(digits, **override)
+        build_swav(digits, **override)
 
 
 # --- two processes ---------------------------------------------------------------------------------

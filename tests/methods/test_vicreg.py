@@ -9,10 +9,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, hadamard_columns
+from support import METHODS_DIR, hadamard_columns, lars_groups, mlp_layout
 from torch import nn
 
-from sslbench.loop import Lars
 from sslbench.losses import covariance_penalty, variance_hinge
 from sslbench.pretrain.trainer import Trainer
 
@@ -94,16 +93,10 @@ def trainer(tmp_path, method_config):
 
 
 def test_expander_is_main_vicreg_py_s_mlp(trainer):
-    layers = list(trainer.method.expander)
-    kinds = [type(m) for m in layers]
+    kinds, shapes, biases = mlp_layout(trainer.method.expander)
     assert kinds == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]
-    linears = [m for m in layers if isinstance(m, nn.Linear)]
-    assert [(m.in_features, m.out_features) for m in linears] == [
-        (trainer.method.feature_dim, 32),
-        (32, 32),
-        (32, 16),
-    ]
-    assert [m.bias is not None for m in linears] == [True, True, False]  # the last Linear is bias-free
+    assert shapes == [(trainer.method.feature_dim, 32), (32, 32), (32, 16)]
+    assert biases == [True, True, False]  # the last Linear is bias-free
 
 
 def test_training_loss_embeds_each_view_on_its_own(trainer):
@@ -121,11 +114,7 @@ def test_training_loss_embeds_each_view_on_its_own(trainer):
 
 
 def test_lars_adapts_the_weights_not_the_biases_and_norms_at_one_lr(trainer):
-    optimizer, method = trainer.optimizer, trainer.method
-    assert isinstance(optimizer, Lars)
-    weights, biases = optimizer.param_groups
-    assert {id(p) for p in weights["params"]} == {id(p) for p in method.parameters() if p.ndim > 1}
-    assert {id(p) for p in biases["params"]} == {id(p) for p in method.parameters() if p.ndim == 1}
+    weights, biases = lars_groups(trainer)
     assert (weights["weight_decay"], weights["exclude_from_lars"], weights["trust_coefficient"]) == (
         1e-6,
         False,

@@ -28,6 +28,12 @@ def check(tmp_path, preset: dict) -> str:
     return message
 
 
+def snakemake(cwd, *args: str) -> subprocess.CompletedProcess:
+    """The Snakefile run by snakemake on one core in ``cwd``, in a fresh process."""
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize(
     "preset, expected",
     [
@@ -104,23 +110,7 @@ def test_missing_target_files_name_the_target_and_how_to_get_them(tmp_path):
 
 def test_snakemake_stops_at_a_bad_config_before_any_job(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"train": {"epochs": 0}}))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(REPO / "Snakefile"),
-            "--cores",
-            "1",
-            "--configfile",
-            "bad.yaml",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = snakemake(tmp_path, "--configfile", "bad.yaml")
     assert out.returncode != 0
     assert re.search(
         r"`train\.epochs` \(set in \S*bad\.yaml\): 0 is less than the minimum of 1", out.stdout + out.stderr
@@ -330,23 +320,6 @@ def plan_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
 def test_snakemake_plans_every_preset(plan_dir, preset):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(REPO / "Snakefile"),
-            "-n",
-            "--cores",
-            "1",
-            "--configfile",
-            *map(str, preset_files(preset)),
-        ],
-        cwd=plan_dir,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = snakemake(plan_dir, "-n", "--configfile", *map(str, preset_files(preset)))
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^pretrain\s+\d+", out.stdout + out.stderr, re.M)

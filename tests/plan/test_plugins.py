@@ -67,7 +67,9 @@ def test_every_repository_method_folder_is_sound():
 
 CHECK_TWICE = """
 import json, sys
-from sslbench.config import config_sources, load_config, method_problems, plan_runs
+from sslbench.plan.runs import plan_runs
+from sslbench.plan.settings import config_sources, load_config
+from sslbench.plan.workflow import method_problems
 problems = method_problems(sys.argv[1], checked=sys.argv[2])
 if not problems:  # the rest of the plan, every setting's check included
     plan_runs(load_config("config"), sys.argv[1], ["moco"], sources=config_sources("config"))

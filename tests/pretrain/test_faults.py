@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from support import METHODS_DIR, REPO
+from support import REPO, pretrain_args
 
 from sslbench import atomic
 
@@ -17,25 +17,8 @@ pytestmark = pytest.mark.slow
 
 
 def pretrain_cmd(cfg: dict, out) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "sslbench.cli",
-        "pretrain",
-        "--method-dir",
-        str(METHODS_DIR / "simclr"),
-        "--config-json",
-        json.dumps(cfg),
-        "--seed",
-        "0",
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--quiet",
-        "--threads",
-        "1",
-    ]
+    """`sslbench pretrain` of ``cfg`` into ``out`` as a fresh process on one thread."""
+    return [sys.executable, "-m", "sslbench.cli", *pretrain_args(cfg, out), "--threads", "1"]
 
 
 def test_sigkill_mid_epoch_then_rerun_gives_the_uninterrupted_checkpoint(tmp_path, method_config):

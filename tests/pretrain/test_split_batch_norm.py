@@ -1,4 +1,4 @@
-"""Split batch norm (sslbench/momentum.py: SplitBatchNorm2d, use_split_batch_norm), on tiny inputs.
+"""Split batch norm (sslbench/pretrain/moco.py: SplitBatchNorm2d, use_split_batch_norm), on tiny inputs.
 
 SplitBatchNorm2d is a faster form of MoCo's CIFAR demo layer (colab/moco_cifar10_demo.ipynb,
 SplitBatchNorm): it must compute exactly what the demo's formulation computes, bit for bit, and
