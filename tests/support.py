@@ -2,15 +2,19 @@
 real suite (digits, timm's test_resnet, 2 epochs), and ``require``: what a test does when a real
 component of the machine is missing."""
 
+import dataclasses
+import gzip
 import json
 import math
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from sslbench.data import Dataset, ImageSet
 from sslbench.plan.settings import load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,3 +193,44 @@ def hadamard_columns(n: int, d: int) -> torch.Tensor:
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
     return h[:, 1 : d + 1]
+
+
+def assert_same_dataset(read: Dataset, loaded: Dataset) -> None:
+    """Every field of the Dataset and of each split equal; tensors bit for bit, in dtype and layout."""
+    for field in dataclasses.fields(Dataset):
+        a, b = getattr(read, field.name), getattr(loaded, field.name)
+        if field.name not in ("train", "test"):
+            assert a == b and type(a) is type(b), field.name
+            continue
+        for split_field in dataclasses.fields(ImageSet):
+            x, y = getattr(a, split_field.name), getattr(b, split_field.name)
+            where = f"{field.name}.{split_field.name}"
+            if isinstance(y, torch.Tensor):
+                assert (x.dtype, x.shape, x.stride()) == (y.dtype, y.shape, y.stride()), where
+                assert torch.equal(x, y), where
+            else:
+                assert x == y, where
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
+    """An array in the IDX format of MNIST-style files (optionally gzipped)."""
+    header = b"\x00\x00\x08" + bytes([array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.astype(np.uint8).tobytes()
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(payload))
+    else:
+        path.write_bytes(payload)
+
+
+def write_fashion_format(root: Path, n_train=40, n_test=20) -> Path:
+    """Fashion-MNIST's four IDX files, every class n / 10 times (a stratified subset needs two of each)."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for images, labels, n in (
+        ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", n_train),
+        ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", n_test),
+    ):
+        write_idx(root / images, rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(root / labels, rng.permutation(np.arange(n) % 10).astype(np.uint8))
+    return root

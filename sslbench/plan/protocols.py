@@ -1,5 +1,5 @@
 """What planning reads of a protocol: evaluation/<protocol>.py's literals (DEFAULTS,
-READS_IMAGES), read from its source so that planning never imports torch."""
+READS_IMAGES, NEEDS_CHECKPOINT), read from its source so that planning never imports torch."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ MAP_PROTOCOLS = ("clustering",)
 PROTOCOL_PACKAGE = "evaluation"  # evaluation/<protocol>.py
 
 
-# Besides the DEFAULTS, what the planner reads of a protocol module: READS_IMAGES, True where its jobs
-# load their target's images (not only the cached features), or the list of the modes that do.
-PLANNING_LITERALS = ("READS_IMAGES",)
+# Besides the DEFAULTS, what the planner reads of a protocol module, each True where its jobs read a file
+# besides the cached features, or the list of the modes that do: READS_IMAGES, the target's images (its
+# prepared file); NEEDS_CHECKPOINT, the run's checkpoint. Only then is that file an input of the job.
+PLANNING_LITERALS = ("READS_IMAGES", "NEEDS_CHECKPOINT")
 
 
 def protocol_defaults(protocol: str) -> dict[str, dict]:
@@ -46,11 +47,23 @@ def protocol_literals(protocol: str) -> dict:
 def protocol_reads_images(protocol: str, settings: dict) -> bool:
     """Whether a protocol's job with these settings loads its target's images (semisup, linear in
     mode "paper"), and so reads the target's prepared file, rather than the cached features alone."""
+    return protocol_flag(protocol, "READS_IMAGES", settings)
+
+
+def protocol_needs_checkpoint(protocol: str, settings: dict) -> bool:
+    """Whether a protocol's job with these settings reads the run's checkpoint (NEEDS_CHECKPOINT), rather
+    than the cached features alone."""
+    return protocol_flag(protocol, "NEEDS_CHECKPOINT", settings)
+
+
+def protocol_flag(protocol: str, name: str, settings: dict) -> bool:
+    """A PLANNING_LITERALS flag of a protocol's job with these settings: the module's bool, or whether
+    the job's mode is in its list of modes; False where the module leaves it out."""
     literals = protocol_literals(protocol)
-    reads = literals.get("READS_IMAGES", False)
-    if isinstance(reads, bool):
-        return reads
-    return (settings or {}).get("mode", literals["DEFAULTS"].get("mode")) in reads
+    flag = literals.get(name, False)
+    if isinstance(flag, bool):
+        return flag
+    return (settings or {}).get("mode", literals["DEFAULTS"].get("mode")) in flag
 
 
 @cache

@@ -89,7 +89,7 @@ def validate_config(config: dict, schema_path: str | Path, sources: list[tuple[s
     where it was set (``sources``: (file or COMMAND_LINE, its settings), in merge order), what was
     expected, and the known values where there is a list. A protocol's settings are checked against
     its module's DEFAULTS (``protocol_problems``)."""
-    if "dataset" in config:  # the one-dataset key of earlier versions
+    if "dataset" in config:  # a one-dataset key: say where datasets go
         raise ConfigError(
             f"config key `dataset`{set_in(['dataset'], sources)}: datasets are now registered by label "
             "under `datasets:` ({<label>: {name: ..., image_size: ...}}) and the ones to train on listed in "

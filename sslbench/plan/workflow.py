@@ -1,11 +1,13 @@
 """What the Snakefile asks of sslbench beyond the plan: checks before the first job (``preflight``,
-``method_problems``) and the code digest that decides reruns (``code_param``)."""
+``method_problems``), the code digest that decides reruns (``code_param``) and what each job asks of
+the scheduler (``job_requests``)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from sslbench.errors import ConfigError
 from sslbench.plan.checks import load_yaml
@@ -13,6 +15,23 @@ from sslbench.plan.paper import paper_entries
 from sslbench.plan.paths import CODE_RECORD_FILES
 from sslbench.plan.runs import Plan, list_method_folders
 from sslbench.plan.settings import NOT_TIMM_BACKBONES
+
+
+class JobRequest(NamedTuple):
+    """What each job of a rule asks of the scheduler: its ``threads`` and its snakemake ``resources``."""
+
+    threads: int
+    resources: dict  # gpu, mem_mb, runtime (minutes): the names the SLURM plugin turns into sbatch options
+
+
+def job_requests(sections: Mapping[str, Mapping]) -> dict[str, JobRequest]:
+    """{rule: its JobRequest} from the config's `resources` section ({rule: {threads, gpus, mem_mb,
+    runtime}}), each key left out taking its default."""
+    requests = {}
+    for rule, spec in sections.items():
+        gpu, mem_mb, runtime = spec.get("gpus", 0), spec.get("mem_mb", 4000), spec.get("runtime", 30)
+        requests[rule] = JobRequest(spec.get("threads", 1), dict(gpu=gpu, mem_mb=mem_mb, runtime=runtime))
+    return requests
 
 
 def preflight(config: dict, plan: Plan) -> None:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import gzip
 import json
 import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from support import require
+from support import assert_same_dataset, require, write_fashion_format, write_idx
 
 from sslbench import data, datafiles
 from sslbench.data import DATASETS, Dataset, DatasetError, ImageSet, load_dataset
@@ -132,16 +129,6 @@ def test_unknown_option_is_an_error():
 
 
 # --------------------------------------------------------------------------- fashion_mnist (IDX)
-
-
-def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
-    header = b"\x00\x00\x08" + bytes([array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    payload = header + array.astype(np.uint8).tobytes()
-    if compress:
-        path = path.with_name(path.name + ".gz")
-        path.write_bytes(gzip.compress(payload))
-    else:
-        path.write_bytes(payload)
 
 
 def make_idx_tree(folder: Path, n_train=7, n_test=5, compress=False):
@@ -542,35 +529,6 @@ def test_dataset_is_the_public_container():
 
 
 # --------------------------------------------------------------------------- prepared files
-
-
-def assert_same_dataset(read: Dataset, loaded: Dataset) -> None:
-    """Every field of the Dataset and of each split equal; tensors bit for bit, in dtype and layout."""
-    for field in dataclasses.fields(Dataset):
-        a, b = getattr(read, field.name), getattr(loaded, field.name)
-        if field.name not in ("train", "test"):
-            assert a == b and type(a) is type(b), field.name
-            continue
-        for split_field in dataclasses.fields(ImageSet):
-            x, y = getattr(a, split_field.name), getattr(b, split_field.name)
-            where = f"{field.name}.{split_field.name}"
-            if isinstance(y, torch.Tensor):
-                assert (x.dtype, x.shape, x.stride()) == (y.dtype, y.shape, y.stride()), where
-                assert torch.equal(x, y), where
-            else:
-                assert x == y, where
-
-
-def write_fashion_format(root: Path, n_train=40, n_test=20) -> Path:
-    """Fashion-MNIST's four IDX files, every class n / 10 times (a stratified subset needs two of each)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for images, labels, n in (
-        ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", n_train),
-        ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", n_test),
-    ):
-        write_idx(root / images, RNG.integers(0, 256, (n, 28, 28), dtype=np.uint8))
-        write_idx(root / labels, RNG.permutation(np.arange(n) % 10).astype(np.uint8))
-    return root
 
 
 def sections(tmp_path) -> dict[str, dict]:

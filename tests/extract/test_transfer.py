@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from support import METHODS_DIR, tiny_suite_config
-from test_data import assert_same_dataset, write_fashion_format
+from support import METHODS_DIR, assert_same_dataset, tiny_suite_config, write_fashion_format
 
 from evaluation import semisup
 from evaluation.common import ProtocolError

@@ -91,6 +91,7 @@ def test_snakemake_killed_mid_training_resumes_on_the_next_run(tmp_path, method_
     root = tmp_path / "wf"
     root.mkdir()
     shutil.copy(REPO / "Snakefile", root)
+    shutil.copytree(REPO / "rules", root / "rules")
     shutil.copytree(REPO / "config", root / "config")
     shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
     cfg = tiny_suite_config(epochs=4)

@@ -1,4 +1,4 @@
-"""The DAG's dimensions with real snakemake on a copy of the project (Snakefile, config, methods and
+"""The DAG's dimensions with real snakemake on a copy of the project (Snakefile, rules, config, methods and
 the sslbench / evaluation sources, so that a source can be edited): two pretraining datasets, an
 evaluation target added later, a second preset with a sweep, and code fingerprints. One sequence of
 runs, module-scoped; each test reads what one step planned or wrote."""
@@ -76,7 +76,7 @@ def grid(tmp_path_factory):
     root = tmp_path_factory.mktemp("grid")
     shutil.copy(REPO / "Snakefile", root)
     ignore = shutil.ignore_patterns("__pycache__")
-    for folder in ("config", "methods", "sslbench", "evaluation"):
+    for folder in ("rules", "config", "methods", "sslbench", "evaluation"):
         shutil.copytree(REPO / folder, root / folder, ignore=ignore)
     seen = {}
     # Preset A: simclr pretrained on digits (8 px) and on digits6, each evaluated on its own dataset.

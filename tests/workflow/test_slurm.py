@@ -32,10 +32,10 @@ TABLE_KEYS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol", 
 
 
 def workflow_copy(root: Path, resources: dict = RESOURCES) -> Path:
-    """Snakefile, config, methods and profiles in `root`, with the tiny config as tiny.yaml."""
+    """Snakefile, rules, config, methods and profiles in `root`, with the tiny config as tiny.yaml."""
     root.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "Snakefile", root)
-    for folder in ("config", "methods", "profiles"):
+    for folder in ("rules", "config", "methods", "profiles"):
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = tiny_suite_config()
     cfg.update(methods=["simclr", "random"], seeds=[0], protocols=["knn"], resources=resources)

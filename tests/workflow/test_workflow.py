@@ -20,9 +20,10 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 @pytest.fixture(scope="module")
 def workflow(tmp_path_factory):
-    """A copy of the workflow (Snakefile, config, methods) with a tiny config, run once."""
+    """A copy of the workflow (Snakefile, rules, config, methods) with a tiny config, run once."""
     root = tmp_path_factory.mktemp("wf")
     shutil.copy(REPO / "Snakefile", root)
+    shutil.copytree(REPO / "rules", root / "rules")
     shutil.copytree(REPO / "config", root / "config")
     shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
     cfg = tiny_suite_config()
@@ -221,7 +222,7 @@ def test_same_config_and_seed_give_a_bit_identical_table(workflow):
 
 
 def planned_inputs(root: Path, cfg: dict) -> dict[tuple, list[str]]:
-    """{(rule, wildcard values...): the job's inputs under results/prepared/} of a dry run of ``cfg``."""
+    """{(rule, wildcard values...): the job's inputs} of a dry run of ``cfg``."""
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     out = snakemake(root, "-n", "--forceall", "--cores", "2")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -235,18 +236,21 @@ def planned_inputs(root: Path, cfg: dict) -> dict[tuple, list[str]]:
             values = dict(pair.split("=", 1) for pair in found[1].split(", "))
             keys = ("dataset",) if rule == "prepare" else ("pretrain", "target", "protocol")
             key = (rule, *(values[k] for k in keys if k in values))
-            jobs[key] = [i for i in inputs if i.startswith("results/prepared/")]
+            jobs[key] = inputs
     return jobs
 
 
-def test_a_prepared_file_is_an_input_of_exactly_the_jobs_that_load_its_images(tmp_path):
+def test_a_prepared_file_or_checkpoint_is_an_input_of_exactly_the_jobs_that_read_it(tmp_path):
     """One prepare job per dataset held in memory that the plan loads; its file is an input of the
     pretrain job (the pretraining set), each extraction (its target) and the protocols that load
     images (semisup, linear in mode paper), never of those on the cached features alone (a new
-    prepared file must not rerun them). A folder dataset decodes lazily: it has none."""
+    prepared file must not rerun them). A folder dataset decodes lazily: it has none. The run's
+    checkpoint is an input of each extraction and of the protocols whose module sets NEEDS_CHECKPOINT
+    (semisup, linear), never of kNN, which a new checkpoint reaches through its features."""
     root = tmp_path / "wf"
     root.mkdir()
     shutil.copy(REPO / "Snakefile", root)
+    shutil.copytree(REPO / "rules", root / "rules")
     shutil.copytree(REPO / "config", root / "config")
     shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
     for split in ("train", "val"):
@@ -261,9 +265,14 @@ def test_a_prepared_file_is_an_input_of_exactly_the_jobs_that_load_its_images(tm
     cfg["evaluation"]["targets"] = targets
     cfg["evaluation"]["semisup"]["targets"] = targets
     prepared = {label: [f"results/prepared/{label}.npz"] for label in ("digits", "digits6")}
+    checkpoint = ["results/digits/random/seed0/checkpoint.pt"]
     for mode, image_protocols in (("cached", {"semisup"}), ("paper", {"semisup", "linear"})):
         cfg["evaluation"]["linear"] = {"mode": mode}
-        jobs = planned_inputs(root, cfg)
+        planned = planned_inputs(root, cfg)
+        for key, inputs in planned.items():
+            reads = key[0] == "extract" or key[0] == "evaluate" and key[-1] in ("linear", "semisup")
+            assert [i for i in inputs if i.endswith("/checkpoint.pt")] == (checkpoint if reads else []), key
+        jobs = {k: [i for i in v if i.startswith("results/prepared/")] for k, v in planned.items()}
         expected = {("prepare", label): [] for label in prepared}
         expected["pretrain", "digits"] = prepared["digits"]
         expected |= {("extract", "digits", t): prepared.get(t, []) for t in ("digits6", "places")}

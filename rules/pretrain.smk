@@ -1,0 +1,49 @@
+# pretrain: one run per (pretraining dataset, method label, seed), which also writes the features of its
+# own dataset (extract does the other targets').
+
+
+def method_config(wildcards):
+    """The resolved settings of one run: a param, so changing them reruns its jobs."""
+    return json.dumps(run_settings(wildcards), sort_keys=True)
+
+
+def method_sources(wildcards):
+    """A method's code and config are inputs: editing them reruns that method's jobs."""
+    folder = method_dir(wildcards)
+    return [str(p) for p in (folder / "method.py", folder / "config.yaml") if p.exists()]
+
+
+def launcher(wildcards, resources):
+    """One process, or torchrun DDP over the GPUs the job asked for."""
+    if resources.gpu > 1:
+        return f"torchrun --standalone --nproc-per-node {resources.gpu} -m sslbench.cli"
+    return "sslbench"
+
+
+rule pretrain:
+    input:
+        sources=method_sources,
+        prepared=lambda wc: prepared(wc.pretrain),
+    output:
+        run=RUN_DIR + "/run.json",
+        checkpoint=RUN_DIR + "/checkpoint.pt",
+        log=RUN_DIR + "/train_log.csv",
+        features=RUN_DIR + "/features/{pretrain}.npz",
+    params:
+        cfg=method_config,
+        method_dir=lambda wc: str(method_dir(wc)),
+        run_dir=lambda wc, output: str(Path(output.checkpoint).parent),
+        launcher=launcher,
+        prepared=input_argument("prepared"),
+        code=code("pretrain"),
+    threads: JOB["pretrain"].threads
+    resources:
+        **JOB["pretrain"].resources,
+    log:
+        RUN_DIR + "/logs/pretrain.log",
+    benchmark:  # wall time and peak memory of the job (sslbench bench reads these)
+        RUN_DIR + "/benchmarks/pretrain.tsv"
+    shell:
+        "{params.launcher} pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
+        "--seed {wildcards.seed} --out {params.run_dir:q} --features-out {output.features:q} "
+        "{params.prepared} --threads {threads} --quiet > {log:q} 2>&1"

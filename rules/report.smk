@@ -1,0 +1,28 @@
+# report: the tables, figures and HTML page of the collected table, the runs' records and the papers'
+# numbers (methods/<name>/paper.yaml).
+
+
+rule report:
+    input:
+        table=rules.collect.output.table,
+        failures=rules.collect.output.failures,
+        runs=[rules.pretrain.output.run.format(pretrain=p, method=PLAN.slugs[m], seed=s)
+              for p, m in PLAN.runs for s in SEEDS],
+        paper=[str(p) for p in (METHODS_DIR / m / "paper.yaml" for m in METHODS) if p.exists()],
+    output:
+        html=report("results/report.html", category="Report"),
+        table_md=report("results/table.md", category="Tables"),
+        summary=report("results/summary.csv", category="Tables"),
+        comparisons=report("results/comparisons.csv", category="Tables"),
+        ablations=report("results/ablations.csv", category="Tables"),
+        cost=report("results/cost.csv", category="Tables"),
+        figures=report(directory("results/figures"), patterns=["{name}.png"], category="Figures"),
+    params:
+        methods=str(METHODS_DIR),
+        config=str(BASE / "config"),
+    localrule: True  # seconds of work: not worth a trip through a cluster queue
+    log:
+        "results/logs/report.log",
+    shell:
+        "sslbench report --results results --methods {params.methods:q} --config {params.config:q} "
+        "--out results > {log:q} 2>&1"
