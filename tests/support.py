@@ -234,3 +234,15 @@ def write_fashion_format(root: Path, n_train=40, n_test=20) -> Path:
         write_idx(root / images, rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
         write_idx(root / labels, rng.permutation(np.arange(n) % 10).astype(np.uint8))
     return root
+
+
+def copy_workflow(root: Path, *extra: str) -> Path:
+    """The Snakefile, rules/, config/ and methods/ (and the ``extra`` folders) copied into ``root``: a
+    workflow a test may run or edit without touching the repository."""
+    import shutil
+
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "Snakefile", root)
+    for folder in ("rules", "config", "methods", *extra):
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return root

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from support import REPO, pretrain_args
+from support import REPO, copy_workflow, pretrain_args
 
 from sslbench import atomic
 
@@ -83,17 +83,13 @@ def test_cli_reports_unwritable_results_without_a_traceback(tmp_path, method_con
 def test_snakemake_killed_mid_training_resumes_on_the_next_run(tmp_path, method_config):
     """SIGKILL to snakemake and its training job mid-epoch; `snakemake --unlock` and a rerun resume from
     the last complete epoch and end with the checkpoint of a run that was never interrupted."""
-    import shutil
 
     import yaml
     from support import tiny_suite_config
 
     root = tmp_path / "wf"
     root.mkdir()
-    shutil.copy(REPO / "Snakefile", root)
-    shutil.copytree(REPO / "rules", root / "rules")
-    shutil.copytree(REPO / "config", root / "config")
-    shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_workflow(root)
     cfg = tiny_suite_config(epochs=4)
     cfg.update(methods=["simclr"], protocols=["knn"])
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from support import REPO, tiny_suite_config
+from support import copy_workflow, tiny_suite_config
 
 pytestmark = pytest.mark.slow
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -74,10 +73,7 @@ def table(root: Path) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
     root = tmp_path_factory.mktemp("grid")
-    shutil.copy(REPO / "Snakefile", root)
-    ignore = shutil.ignore_patterns("__pycache__")
-    for folder in ("rules", "config", "methods", "sslbench", "evaluation"):
-        shutil.copytree(REPO / folder, root / folder, ignore=ignore)
+    copy_workflow(root, "sslbench", "evaluation")
     seen = {}
     # Preset A: simclr pretrained on digits (8 px) and on digits6, each evaluated on its own dataset.
     runs = {"pretrain": ["digits", "digits6"], "methods": ["simclr"]}

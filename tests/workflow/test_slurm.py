@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 from slurm_cluster import PARTITION, LocalSlurm, SlurmBusy, why_unavailable
-from support import REPO, require, tiny_suite_config
+from support import REPO, copy_workflow, require, tiny_suite_config
 
 pytestmark = pytest.mark.slow
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -34,9 +34,7 @@ TABLE_KEYS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol", 
 def workflow_copy(root: Path, resources: dict = RESOURCES) -> Path:
     """Snakefile, rules, config, methods and profiles in `root`, with the tiny config as tiny.yaml."""
     root.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("rules", "config", "methods", "profiles"):
-        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_workflow(root, "profiles")
     cfg = tiny_suite_config()
     cfg.update(methods=["simclr", "random"], seeds=[0], protocols=["knn"], resources=resources)
     # evaluated on another target than the pretraining set, so that extract jobs go through the queue

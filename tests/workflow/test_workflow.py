@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from support import REPO, tiny_suite_config
+from support import copy_workflow, tiny_suite_config
 
 from sslbench.plan.runs import discover_methods
 
@@ -22,10 +22,7 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 def workflow(tmp_path_factory):
     """A copy of the workflow (Snakefile, rules, config, methods) with a tiny config, run once."""
     root = tmp_path_factory.mktemp("wf")
-    shutil.copy(REPO / "Snakefile", root)
-    shutil.copytree(REPO / "rules", root / "rules")
-    shutil.copytree(REPO / "config", root / "config")
-    shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_workflow(root)
     cfg = tiny_suite_config()
     cfg["seeds"] = [0, 1]
     cfg["methods"] = ["simclr", "random"]
@@ -249,10 +246,7 @@ def test_a_prepared_file_or_checkpoint_is_an_input_of_exactly_the_jobs_that_read
     (semisup, linear), never of kNN, which a new checkpoint reaches through its features."""
     root = tmp_path / "wf"
     root.mkdir()
-    shutil.copy(REPO / "Snakefile", root)
-    shutil.copytree(REPO / "rules", root / "rules")
-    shutil.copytree(REPO / "config", root / "config")
-    shutil.copytree(REPO / "methods", root / "methods", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_workflow(root)
     for split in ("train", "val"):
         (tmp_path / "places" / split / "bakery").mkdir(parents=True)  # planning only looks for them
     cfg = tiny_suite_config()
