@@ -103,7 +103,8 @@ METHODS_KEY = "methods"  # record keys of method files: methods/<folder>/<file>
 def sha256_file(path: str | Path) -> str:
     import hashlib
 
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    with open(path, "rb") as f:  # in blocks: a released checkpoint can be hundreds of megabytes
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def module_file(name: str) -> Path | None:

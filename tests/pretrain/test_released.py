@@ -1,0 +1,419 @@
+"""Released weights: every official format reads back into a timm backbone with identical weights; files
+built here with the official key names written out pin the real layouts; mismatches name file and key."""
+
+import argparse
+import importlib
+import sys
+import textwrap
+
+import pytest
+import timm
+import torch
+
+from sslbench.pretrain import released
+from sslbench.pretrain.official_files import example_heads, write_official
+from sslbench.pretrain.released import FORMATS, ReleasedWeightsError, backbone_state, load_backbone
+
+TRACKED = "num_batches_tracked"
+
+
+def tiny(seed: int = 0, name: str = "test_resnet") -> torch.nn.Module:
+    """A timm backbone whose every parameter and BatchNorm statistic is random (so a stale one shows)."""
+    torch.manual_seed(seed)
+    model = timm.create_model(name, num_classes=0)
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            if key.endswith(TRACKED):
+                value.fill_(7)
+            elif key.endswith("running_var"):
+                value.uniform_(0.5, 1.5)
+            else:
+                value.normal_(0, 0.1)
+    return model.eval()
+
+
+def fresh(name: str = "test_resnet") -> torch.nn.Module:
+    return timm.create_model(name, num_classes=0)
+
+
+def assert_same_backbone(loaded, reference, batches_tracked: bool = True):
+    got, want = loaded.state_dict(), reference.state_dict()
+    assert list(got) == list(want)
+    for key in want:
+        if key.endswith(TRACKED) and not batches_tracked:
+            assert got[key].item() == 0, key  # absent from the file: filled in as torch's BatchNorm does
+        else:
+            assert torch.equal(got[key], want[key]), key
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(x), reference.eval()(x))
+
+
+def linear(key: str, out: int, into: int, bias: bool = True) -> dict:
+    return {f"{key}.weight": torch.randn(out, into)} | ({f"{key}.bias": torch.randn(out)} if bias else {})
+
+
+def bn(key: str, n: int) -> dict:
+    return {
+        f"{key}.weight": torch.rand(n),
+        f"{key}.bias": torch.randn(n),
+        f"{key}.running_mean": torch.randn(n),
+        f"{key}.running_var": torch.rand(n),
+        f"{key}.num_batches_tracked": torch.tensor(5),
+    }
+
+
+def prefixed(prefix: str, state: dict) -> dict:
+    return {prefix + k: v for k, v in state.items()}
+
+
+# ------------------------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_format_reads_back_what_it_wrote_with_heads(fmt, tmp_path):
+    model = tiny()
+    path = tmp_path / "released.pth"
+    write_official(
+        model.state_dict(), fmt, path, heads=example_heads(fmt, model.state_dict(), model.num_features)
+    )
+
+    loaded = load_backbone(fresh(), backbone_state(path, fmt), path, fmt)
+
+    assert_same_backbone(loaded, model, FORMATS[fmt].batches_tracked)
+
+
+@pytest.mark.parametrize("fmt", [name for name, f in FORMATS.items() if f.backbone_file])
+def test_a_backbone_only_release_is_a_bare_state_dict_of_plain_keys(fmt, tmp_path):
+    model = tiny()
+    path = tmp_path / "resnet50.pth"
+    write_official(model.state_dict(), fmt, path)
+
+    on_disk = torch.load(path, weights_only=True)
+    assert list(on_disk) == list(
+        model.state_dict()
+    )  # e.g. dino_resnet50_pretrain.pth, barlowtwins resnet50.pth
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, fmt), path), model)
+
+
+# ------------------------------------------------------------------ official layouts, written out by hand
+
+
+def moco_v2_file(model) -> dict:
+    """facebookresearch/moco main_moco.py's checkpoint of MoCo v2 (--mlp), keys as DDP writes them."""
+    d = model.num_features
+    key_encoder = {k: v + 1 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    mlp = lambda encoder: linear(f"module.{encoder}.fc.0", d, d) | linear(f"module.{encoder}.fc.2", 128, d)
+    state_dict = (
+        prefixed("module.encoder_q.", model.state_dict())
+        | mlp("encoder_q")
+        | prefixed("module.encoder_k.", key_encoder)
+        | mlp("encoder_k")
+        | {"module.queue": torch.randn(128, 8), "module.queue_ptr": torch.zeros(1, dtype=torch.long)}
+    )
+    return {
+        "epoch": 200,
+        "arch": "resnet18",
+        "state_dict": state_dict,
+        "optimizer": {"state": {}, "param_groups": []},
+    }
+
+
+def test_moco_v2_official_layout(tmp_path):
+    model = tiny(name="resnet18")
+    checkpoint = moco_v2_file(model)
+    keys = checkpoint["state_dict"]
+    for key in (  # torchvision's names under MoCo's prefix, the v2 MLP head, the key encoder, the queue
+        "module.encoder_q.conv1.weight",
+        "module.encoder_q.bn1.running_var",
+        "module.encoder_q.layer2.0.downsample.0.weight",
+        "module.encoder_q.layer4.1.bn2.num_batches_tracked",
+        "module.encoder_q.fc.0.weight",
+        "module.encoder_q.fc.2.bias",
+        "module.encoder_k.conv1.weight",
+        "module.queue_ptr",
+    ):
+        assert key in keys, key
+    path = tmp_path / "moco_v2_200ep_pretrain.pth.tar"
+    torch.save(checkpoint, path)
+
+    state = backbone_state(path, "moco")
+
+    assert set(state) == set(model.state_dict())  # fc.* dropped, encoder_k and queue left out
+    assert_same_backbone(load_backbone(fresh("resnet18"), state, path, "moco"), model)
+    assert_same_backbone(load_backbone(fresh("resnet18"), backbone_state(path, "pcl"), path), model)
+
+
+def test_the_moco_writer_writes_the_official_layout(tmp_path):
+    model = tiny(name="resnet18")
+    official = moco_v2_file(model)
+    heads = {k: v for k, v in official["state_dict"].items() if not k.startswith("module.encoder_q.")} | {
+        k: v for k, v in official["state_dict"].items() if k.startswith("module.encoder_q.fc.")
+    }
+    path = tmp_path / "exported.pth.tar"
+    write_official(model.state_dict(), "moco", path, heads=heads, arch="resnet18")
+
+    written = torch.load(path, weights_only=True)
+    assert set(written) == {"epoch", "arch", "state_dict", "optimizer"}
+    assert written["arch"] == "resnet18"
+    assert set(written["state_dict"]) == set(official["state_dict"])
+
+
+def dino_head(prefix: str, d: int) -> dict:
+    """dino main_dino.py's DINOHead: mlp.{0,2,4} and the weight-normed last layer."""
+    return (
+        linear(f"{prefix}head.mlp.0", 64, d)
+        | linear(f"{prefix}head.mlp.2", 64, 64)
+        | linear(f"{prefix}head.mlp.4", 32, 64)
+        | {f"{prefix}head.last_layer.weight_g": torch.ones(100, 1)}
+        | {f"{prefix}head.last_layer.weight_v": torch.randn(100, 32)}
+    )
+
+
+@pytest.mark.parametrize("teacher_prefix", ["module.", ""])  # DDP-wrapped (ResNets) or not
+def test_dino_full_checkpoint_teacher_by_default_student_on_request(teacher_prefix, tmp_path):
+    teacher, student = tiny(1), tiny(2)
+    d = teacher.num_features
+    path = tmp_path / "dino_resnet50_pretrain_full_checkpoint.pth"
+    torch.save(
+        {
+            "student": prefixed("module.backbone.", student.state_dict()) | dino_head("module.", d),
+            "teacher": prefixed(f"{teacher_prefix}backbone.", teacher.state_dict())
+            | dino_head(teacher_prefix, d),
+            "optimizer": {"state": {}, "param_groups": []},
+            "epoch": 800,
+            "args": argparse.Namespace(arch="resnet50", out_dim=100),
+            "dino_loss": {"center": torch.zeros(1, 100)},
+        },
+        path,
+    )
+
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "dino"), path), teacher)
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "dino", part="student"), path), student)
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "dino", part="teacher"), path), teacher)
+
+
+def test_dino_backbone_only_file_has_no_parts(tmp_path):
+    path = tmp_path / "dino_resnet50_pretrain.pth"
+    torch.save(tiny().state_dict(), path)
+    with pytest.raises(ReleasedWeightsError, match=r"dino_resnet50_pretrain\.pth.*no `student` entry"):
+        backbone_state(path, "dino", part="student")
+    with pytest.raises(ReleasedWeightsError, match=r"part 'teacher' of format 'moco'.*none"):
+        backbone_state(path, "moco", part="teacher")
+
+
+def swav_heads(d: int, prototypes: int) -> dict:
+    """swav src/resnet50.py's projection_head (Linear, BN, ReLU, Linear) and prototypes."""
+    head = linear("module.projection_head.0", d, d) | bn("module.projection_head.1", d)
+    head |= linear("module.projection_head.3", 128, d)
+    if prototypes == 1:  # SwAV: one nn.Linear(128, 3000, bias=False)
+        return head | {"module.prototypes.weight": torch.randn(300, 128)}
+    return head | {
+        f"module.prototypes.prototypes{i}.weight": torch.randn(300, 128) for i in range(prototypes)
+    }
+
+
+@pytest.mark.parametrize(("fmt", "prototypes"), [("swav", 1), ("deepclusterv2", 3), ("selav2", 1)])
+@pytest.mark.parametrize(
+    "wrapped", [False, True]
+)  # hubconf.py reads the file itself, eval_linear.py also a wrapper
+def test_swav_family_official_layout(fmt, prototypes, wrapped, tmp_path):
+    model = tiny()
+    weights = prefixed("module.", model.state_dict()) | swav_heads(model.num_features, prototypes)
+    assert "module.conv1.0.weight" in weights and "module.projection_head.1.running_var" in weights
+    path = tmp_path / f"{fmt}_800ep_pretrain.pth.tar"
+    torch.save({"epoch": 800, "state_dict": weights, "optimizer": {}} if wrapped else weights, path)
+
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, fmt), path, fmt), model)
+
+
+def test_barlowtwins_and_vicreg_full_checkpoints(tmp_path):
+    model = tiny()
+    d = model.num_features
+    projector = linear("module.projector.0", 64, d, bias=False) | bn("module.projector.1", 64)
+    bt_bn = {"module.bn.running_mean": torch.zeros(64), "module.bn.running_var": torch.ones(64)}
+    path = tmp_path / "checkpoint.pth"
+    model_entry = prefixed("module.backbone.", model.state_dict()) | projector | bt_bn
+    torch.save({"epoch": 1000, "model": model_entry, "optimizer": {}}, path)
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "barlowtwins"), path), model)
+
+    model_entry = prefixed("module.backbone.", model.state_dict()) | projector
+    torch.save({"epoch": 1000, "model": model_entry, "optimizer": {}}, path)
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "vicreg"), path), model)
+
+
+@pytest.mark.parametrize("encoder", ["module.encoder.", "encoder.module.", "encoder."])
+def test_supcon_model_entry(encoder, tmp_path):
+    model = tiny()
+    d = model.num_features
+    head_prefix = "module." if encoder == "module.encoder." else ""
+    model_entry = prefixed(encoder, model.state_dict()) | linear(f"{head_prefix}head.0", d, d)
+    path = tmp_path / "supcon.pth"
+    torch.save(
+        {"opt": argparse.Namespace(), "model": model_entry | linear(f"{head_prefix}head.2", 128, d)}, path
+    )
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "supcon"), path), model)
+
+
+def test_torchvision_and_timm_classifiers_are_dropped(tmp_path):
+    model = tiny(name="resnet18")
+    path = tmp_path / "resnet18-f37072fd.pth"
+    torch.save(model.state_dict() | linear("fc", 1000, model.num_features), path)
+    for fmt in ("torchvision", "timm", "byol"):  # byol: chigur/byol-convert keeps the online classifier as fc
+        assert_same_backbone(load_backbone(fresh("resnet18"), backbone_state(path, fmt), path), model)
+
+
+# -------------------------------------------------------------------------------------------- mismatches
+
+
+def moco_file(tmp_path, change) -> tuple:
+    model = tiny()
+    checkpoint = moco_v2_file(model)
+    change(checkpoint["state_dict"])
+    path = tmp_path / "moco_v2_800ep_pretrain.pth.tar"
+    torch.save(checkpoint, path)
+    return path, backbone_state(path, "moco")
+
+
+def test_a_missing_key_names_the_file_and_the_key(tmp_path):
+    path, state = moco_file(tmp_path, lambda sd: sd.pop("module.encoder_q.layer1.0.bn1.running_mean"))
+    with pytest.raises(ReleasedWeightsError) as err:
+        load_backbone(fresh(), state, path, "moco")
+    message = str(err.value)
+    assert str(path) in message and "1 missing keys (layer1.0.bn1.running_mean)" in message
+    assert "unexpected" not in message
+
+
+def test_an_unexpected_key_names_the_file_and_the_key(tmp_path):
+    path, state = moco_file(tmp_path, lambda sd: sd.update({"module.encoder_q.proj.weight": torch.ones(2)}))
+    with pytest.raises(ReleasedWeightsError) as err:
+        load_backbone(fresh(), state, path, "moco")
+    message = str(err.value)
+    assert str(path) in message and "1 unexpected keys (proj.weight)" in message
+    assert "missing" not in message
+
+
+def test_a_shape_mismatch_names_the_file_the_key_and_both_shapes(tmp_path):
+    def widen(sd):
+        sd["module.encoder_q.conv1.0.weight"] = torch.zeros(5, 3, 3, 3)
+
+    path, state = moco_file(tmp_path, widen)
+    with pytest.raises(ReleasedWeightsError) as err:
+        load_backbone(fresh(), state, path, "moco")
+    message = str(err.value)
+    assert str(path) in message and "1 shape mismatches (conv1.0.weight (5, 3, 3, 3) in the file" in message
+    assert "`backbone`" in message  # the fix names the backbone setting
+
+
+def test_the_wrong_format_is_named_with_the_formats_that_fit(tmp_path):
+    path = tmp_path / "moco.pth.tar"
+    torch.save(moco_v2_file(tiny()), path)
+    with pytest.raises(
+        ReleasedWeightsError, match=r"moco\.pth\.tar.*'simsiam'.*missing keys.*fit format 'moco' or 'pcl'"
+    ):
+        load_backbone(fresh(), backbone_state(path, "simsiam"), path, "simsiam")
+
+
+def test_the_wrong_backbone_lists_shapes_and_missing_keys(tmp_path):
+    path = tmp_path / "resnet18.pth"
+    write_official(tiny(name="resnet18").state_dict(), "torchvision", path)
+    with pytest.raises(ReleasedWeightsError, match=r"resnet18\.pth.*backbone test_resnet: \d+ missing keys"):
+        load_backbone(fresh(), backbone_state(path, "torchvision"), path)
+
+
+def test_a_file_without_the_formats_entry_names_the_keys_it_has(tmp_path):
+    path = tmp_path / "dino_full.pth"
+    model = tiny()
+    write_official(model.state_dict(), "dino", path, heads=example_heads("dino", {}, model.num_features))
+    with pytest.raises(ReleasedWeightsError) as err:
+        backbone_state(path, "moco")
+    message = str(err.value)
+    assert str(path) in message and "student" in message and "teacher" in message
+    assert "expects a `state_dict` entry" in message and "fits dino" in message
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"not a pickle at all\n", "not a torch checkpoint"),
+        (None, "not found"),
+        ("tensor", "not a checkpoint: it holds a Tensor"),
+    ],
+)
+def test_a_file_that_is_not_a_checkpoint(content, problem, tmp_path):
+    path = tmp_path / "weights.pth"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content == "tensor":
+        torch.save(torch.zeros(3), path)
+    with pytest.raises(ReleasedWeightsError, match=f"{path.name}: {problem}"):
+        backbone_state(path, "moco")
+
+
+def test_byol_official_pkl_is_refused_with_the_file_to_use(tmp_path):
+    path = tmp_path / "pretrain_res50x1.pkl"
+    path.write_bytes(b"\x80\x02}q\x00.")
+    with pytest.raises(ReleasedWeightsError, match=r"pretrain_res50x1\.pkl.*chigur/byol-convert"):
+        backbone_state(path, "byol")
+
+
+def test_an_unknown_format_lists_the_known_ones(tmp_path):
+    for call in (
+        lambda: backbone_state(tmp_path / "x.pth", "mocov2"),
+        lambda: write_official({}, "mocov2", tmp_path / "x.pth"),
+    ):
+        with pytest.raises(
+            ReleasedWeightsError, match=r"unknown released-weights format 'mocov2'; known: moco, pcl"
+        ):
+            call()
+
+
+def test_a_head_the_format_does_not_declare_is_not_written(tmp_path):
+    with pytest.raises(ReleasedWeightsError, match=r"'module.encoder_q.head.weight'.*module.encoder_q.fc."):
+        write_official({}, "moco", tmp_path / "x.pth", heads={"module.encoder_q.head.weight": torch.ones(1)})
+
+
+# ----------------------------------------------------------------------------- lemniscate's pickled class
+
+LEMNISCATE_LIB = """
+import torch
+from torch import nn
+
+class AliasMethod:
+    def __init__(self, probs):
+        self.prob = probs
+
+class NCEAverage(nn.Module):
+    def __init__(self, size, dim):
+        super().__init__()
+        self.register_buffer("memory", torch.randn(size, dim))
+        self.multinomial = AliasMethod(torch.ones(size))
+"""
+
+
+def test_instdisc_file_with_a_class_that_no_longer_imports(tmp_path, monkeypatch):
+    package = tmp_path / "lemniscate_lib_gone"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "NCEAverage.py").write_text(textwrap.dedent(LEMNISCATE_LIB))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    memory_bank = importlib.import_module("lemniscate_lib_gone.NCEAverage").NCEAverage(10, 8)
+    model = tiny()
+    path = tmp_path / "lemniscate_resnet50.pth.tar"
+    state_dict = prefixed("module.", model.state_dict()) | linear("module.fc", 128, model.num_features)
+    checkpoint = {"epoch": 200, "arch": "resnet50", "state_dict": state_dict, "lemniscate": memory_bank}
+    torch.save(checkpoint | {"best_prec1": 46.8, "optimizer": {}}, path, _use_new_zipfile_serialization=False)
+    for name in [m for m in sys.modules if m.startswith("lemniscate_lib_gone")]:
+        del sys.modules[name]
+    for file in package.iterdir():
+        file.unlink()
+    package.rmdir()
+    importlib.invalidate_caches()
+    with pytest.raises(ModuleNotFoundError):  # what plain torch.load does with it
+        torch.load(path, weights_only=False)
+
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "instdisc"), path), model)
+    stand_in = released.read_file(path)["lemniscate"]
+    assert isinstance(stand_in, released.Unimported)
+    assert type(stand_in).__module__ == "lemniscate_lib_gone.NCEAverage"
+    assert torch.equal(stand_in.state["_buffers"]["memory"], memory_bank.memory)
