@@ -60,7 +60,12 @@ HOOK_EPOCH = 4
 
 
 def torchrun(*args: str, timeout=300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # the script imports the tests' helpers (support.py) as pytest does: tests/ on the path
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+    }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
