@@ -50,6 +50,8 @@ with expected_errors("sslbench"):
     PLAN = plan_runs(config, METHODS_DIR, METHODS, sources=SOURCES)
     for label, why in PLAN.skipped.items():
         print(f"sslbench: skipping dataset {label} (datasets.{label}.optional):\n  {why}", file=sys.stderr)
+    for label, why in PLAN.skipped_runs.items():
+        print(f"sslbench: skipping {label}:\n  {why}", file=sys.stderr)
     for warning in PLAN.warnings:
         print(f"sslbench: warning: {warning}", file=sys.stderr)
 

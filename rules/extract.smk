@@ -27,5 +27,7 @@ rule extract:
         "{params.prepared} --threads {threads} > {log:q} 2>&1"
 
 
-# The pretrain job writes its own dataset's features (features/{pretrain}.npz); extract the others.
+# The pretrain and import jobs write their own dataset's features (features/{pretrain}.npz); extract the
+# others.
 ruleorder: pretrain > extract
+ruleorder: import_released > extract

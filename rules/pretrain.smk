@@ -1,5 +1,8 @@
 # pretrain: one run per (pretraining dataset, method label, seed), which also writes the features of its
-# own dataset (extract does the other targets').
+# own dataset (extract does the other targets'). A released run imports its file instead of training.
+
+IMPORTED = sorted({PLAN.slugs[label] for (_, label), run in PLAN.runs.items() if "released" in run})
+TRAINED = sorted(set(PLAN.slugs.values()) - set(IMPORTED))
 
 
 def method_config(wildcards):
@@ -21,6 +24,8 @@ def launcher(wildcards, resources):
 
 
 rule pretrain:
+    wildcard_constraints:
+        method="|".join(map(re.escape, TRAINED)) or "(?!)",
     input:
         sources=method_sources,
         prepared=lambda wc: prepared(wc.pretrain),
@@ -47,3 +52,28 @@ rule pretrain:
         "{params.launcher} pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
         "--seed {wildcards.seed} --out {params.run_dir:q} --features-out {output.features:q} "
         "{params.prepared} --threads {threads} --quiet > {log:q} 2>&1"
+
+
+rule import_released:
+    wildcard_constraints:
+        method="|".join(map(re.escape, IMPORTED)) or "(?!)",
+    input:
+        # the file's sha256 is in the run's settings (cfg): a changed file reruns this job and its results
+        prepared=lambda wc: prepared(wc.pretrain),
+    output:
+        run=rules.pretrain.output.run,
+        checkpoint=rules.pretrain.output.checkpoint,
+        features=rules.pretrain.output.features,
+    params:
+        cfg=method_config,
+        run_dir=lambda wc, output: str(Path(output.checkpoint).parent),
+        prepared=input_argument("prepared"),
+        code=code("import"),
+    threads: JOB["extract"].threads
+    resources:
+        **JOB["extract"].resources,
+    log:
+        RUN_DIR + "/logs/import.log",
+    shell:
+        "sslbench import --config-json {params.cfg:q} --seed {wildcards.seed} --out {params.run_dir:q} "
+        "--features-out {output.features:q} {params.prepared} --threads {threads} --quiet > {log:q} 2>&1"

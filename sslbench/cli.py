@@ -15,7 +15,7 @@ import sys
 from sslbench import kernels, warm
 from sslbench.errors import expected_errors
 
-WARM_COMMANDS = ("prepare", "pretrain", "extract", "evaluate")  # the jobs (sslbench.warm)
+WARM_COMMANDS = ("prepare", "pretrain", "import", "extract", "evaluate")  # the jobs (sslbench.warm)
 
 
 def json_argument(text: str):
@@ -55,6 +55,21 @@ def cmd_pretrain(args) -> None:
     )
     if args.features_out:  # the pretraining set's features, without a process of their own
         extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
+
+
+def cmd_import(args) -> None:
+    from sslbench.extract.features import extract_after_training
+    from sslbench.pretrain.released import import_released
+
+    checkpoint = import_released(args.config_json, args.seed, args.out, prepared=args.prepared)
+    if args.features_out:  # the pretraining set's features, as a trained run's job writes them
+        extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
+
+
+def cmd_export(args) -> None:
+    from sslbench.pretrain.official_files import export
+
+    print(export(args.checkpoint, args.format, args.out))
 
 
 def cmd_extract(args) -> None:
@@ -182,6 +197,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--features-out", default=None, help="also write the pretraining set's features here")
     prepared_argument(p, "the pretraining set's")
     p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("import", help="released weights as a run's checkpoint (no training)")
+    p.add_argument(
+        "--config-json", required=True, type=json_argument, help="the released run's resolved settings"
+    )
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--out", required=True, help="run folder: checkpoint.pt, run.json")
+    p.add_argument("--features-out", default=None, help="also write the pretraining set's features here")
+    prepared_argument(p, "the pretraining set's")
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("export", help="a trained checkpoint written as an official release's file")
+    p.add_argument("--checkpoint", required=True, help="a run's checkpoint.pt")
+    p.add_argument("--format", required=True, help="a format of sslbench/weightfiles.py (e.g. moco)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
         "extract", help="features of a checkpoint on an evaluation target's train and test splits"

@@ -39,6 +39,7 @@ SORT_COLUMNS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol"
 
 
 # The code each stage ran, as recorded: (table column, where in a result).
+RELEASED_COLUMNS = ("name", "file", "format", "sha256")  # released_name, ...: empty for a trained run
 CODE_STAGES = {
     "code_pretrain": lambda result: result["run"]["code"],
     "code_extract": lambda result: result["run"]["code_extract"],
@@ -50,6 +51,7 @@ def result_rows(result: dict, methods_dir: str | Path | None = None) -> list[dic
     """One row per metric. With ``methods_dir``, ``stale`` and ``stale_files`` say whether a file the
     result was computed from (in any stage) differs from the current tree, and which."""
     run, cfg, target = result["run"], result["cfg"], result["run"]["eval"]
+    released = run.get("released") or {}  # the imported file of a released run
     records = {column: record(result) for column, record in CODE_STAGES.items()}
     common = {
         "pretrain_dataset": result["pretrain_dataset"],
@@ -68,10 +70,12 @@ def result_rows(result: dict, methods_dir: str | Path | None = None) -> list[dic
         "eval_dataset_settings": json.dumps(target["settings"], sort_keys=True),
         "transfer_channels": target["transfer_channels"],
         "eval_normalisation": target["normalisation"],
-        "epochs": cfg["train"]["epochs"],
+        # a released run's: the epochs its release states, no batch size or lr of ours
+        "epochs": cfg["train"].get("epochs"),
         "epochs_trained": run["epochs_trained"],
-        "batch_size": cfg["train"]["batch_size"],
-        "lr": cfg["train"]["lr"],
+        "batch_size": cfg["train"].get("batch_size"),
+        "lr": cfg["train"].get("lr"),
+        **{f"released_{k}": released.get(k, "") for k in RELEASED_COLUMNS},
         "method_params": json.dumps(cfg["params"], sort_keys=True),
         "augment": json.dumps(cfg.get("augment", {}), sort_keys=True),
         "train_wall_time_s": run["train_wall_time_s"],

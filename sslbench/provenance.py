@@ -90,6 +90,7 @@ PROJECT_PACKAGES = ("sslbench", "evaluation")
 STAGE_ENTRIES = {
     "prepare": ("sslbench.cli", "sslbench.data"),
     "pretrain": ("sslbench.cli", "sslbench.pretrain.trainer", "sslbench.extract.features"),
+    "import": ("sslbench.cli", "sslbench.pretrain.released", "sslbench.extract.features"),
     "extract": ("sslbench.cli", "sslbench.extract.features"),
     "evaluate": ("sslbench.cli", "sslbench.evaluate"),
 }

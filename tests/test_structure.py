@@ -44,7 +44,7 @@ def sources(*folders: str) -> list[Path]:
 # module or a folder, and the longest that matches a module places it.
 LAYERS = [
     ["errors", "atomic", "kernels", "provenance"],
-    ["kmeans", "extract.featurefile", "datafiles"],  # file formats every stage reads
+    ["kmeans", "extract.featurefile", "datafiles", "weightfiles"],  # file formats every stage reads
     ["data"],
     ["augment", "backbones", "distributed", "loop"],
     ["sslbench", "method", "losses", "clustering", "plugins"],  # sslbench: the package itself

@@ -23,6 +23,7 @@ PREPARED_FILE = RESULTS_DIR + "/prepared/{dataset}.npz"
 CODE_RECORD_FILES = {
     "prepare": PREPARED_FILE,
     "pretrain": RUN_DIR + "/run.json",
+    "import": RUN_DIR + "/run.json",
     "extract": FEATURES_FILE,
     "evaluate": RESULT_FILE,
 }

@@ -13,6 +13,7 @@ from sslbench.errors import ConfigError
 from sslbench.plan.checks import dotted, set_in
 from sslbench.plan.paths import PREPARED_FILE, RESULT_FILE
 from sslbench.plan.protocols import MULTILABEL_PROTOCOLS
+from sslbench.plan.released import released_runs
 from sslbench.plan.settings import check_layer, check_method_values, resolve_method_config, without_plan_keys
 
 PRETRAIN_TARGET = "pretrain"  # in `targets`: each run's own pretraining dataset
@@ -33,6 +34,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)  # settings that do nothing in this plan
     # label: its PREPARED_FILE, for each dataset the plan loads that is held in memory
     prepared: dict[str, str] = field(default_factory=dict)
+    skipped_runs: dict[str, str] = field(default_factory=dict)  # released run (label): why it is left out
 
     def result_files(self, seeds: Iterable[int]) -> list[str]:
         """Every result JSON the plan asks for."""
@@ -73,13 +75,18 @@ def plan_runs(
 
     methods = list(methods)
     datasets = {label: dict(section, label=label) for label, section in config["datasets"].items()}
-    named = set(config["pretrain"]) | {
-        name
-        for protocol in config["protocols"]
-        for name in (config["evaluation"].get(protocol) or {}).get(
-            "targets", config["evaluation"].get("targets", [])
-        )
-    }
+    released = {entry["dataset"] for entry in (config.get("released") or {}).values()}
+    named = (
+        set(config["pretrain"])
+        | released
+        | {
+            name
+            for protocol in config["protocols"]
+            for name in (config["evaluation"].get(protocol) or {}).get(
+                "targets", config["evaluation"].get("targets", [])
+            )
+        }
+    )
     skipped = {}
     for label in sorted(named & set(datasets)) if check_files else []:
         why = missing_files(datasets[label]) if datasets[label].get("optional") else None
@@ -99,12 +106,14 @@ def plan_runs(
             f"and absent, so nothing can run:\n{why}\nGet the files, or pretrain on a dataset that is there."
         )
     warnings = check_method_sections(config, methods_dir, methods, sources)
+    # Released weights are runs too, on the dataset they were pretrained on (nothing is trained there).
+    imported = [d for d in sorted(released) if d in datasets and d not in skipped and d not in pretrain]
     targets = {
         (p, protocol): protocol_targets(config, protocol, p, datasets, skipped)
-        for p in pretrain
+        for p in pretrain + imported
         for protocol in config["protocols"]
     }
-    used = set(pretrain) | {t for labels in targets.values() for t in labels}
+    used = set(pretrain) | set(imported) | {t for labels in targets.values() for t in labels}
     check_subsets({label: datasets[label] for label in sorted(used)}, sources)
     runs, slugs = {}, {}
     for method in methods:
@@ -116,6 +125,22 @@ def plan_runs(
                     **resolve_method_config(config, methods_dir, method, variant, p),
                     "method": label,
                 }
+    released_entries = {
+        name: entry
+        for name, entry in (config.get("released") or {}).items()
+        if entry["dataset"] not in skipped
+    }
+    imported_runs, imported_slugs, skipped_runs = released_runs(
+        {**config, "released": released_entries}, methods_dir, datasets, check_files
+    )
+    runs.update(imported_runs)
+    slugs.update(imported_slugs)
+    if not runs:
+        why = "".join(f"\n  {label}: {reason}" for label, reason in skipped_runs.items())
+        raise ConfigError(
+            f"config key `methods` is empty and no released weights can run, so nothing would: name the "
+            f"methods to train, or put the released files in place{why}"
+        )
     check_slugs(slugs)
     plan_datasets = {k: without_plan_keys(v) for k, v in datasets.items()}
     prepared = {
@@ -123,7 +148,7 @@ def plan_runs(
         for label in sorted(used)
         if datasets[label]["name"] not in LAZY_DATASETS
     }
-    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings, prepared)
+    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings, prepared, skipped_runs)
 
 
 def check_method_sections(

@@ -100,7 +100,7 @@ def recorded_code(stage: str, output: str | Path) -> dict | None:
         if stage == "prepare":  # the same .npz-with-meta layout as a features file
             return load_meta(output).get("code")
         record = json.loads(Path(output).read_text())
-        return (record["meta"] if stage == "pretrain" else record).get("code")
+        return (record["meta"] if stage in ("pretrain", "import") else record).get("code")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, UnreadableFileError):
         return None  # an unreadable output is rebuilt anyway
 

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from sslbench import atomic
-from sslbench.pretrain.released import BATCHES_TRACKED, ReleasedWeightsError, get_format
+from sslbench.pretrain.released import BATCHES_TRACKED
+from sslbench.weightfiles import ReleasedWeightsError, get_format
 
 
 def sgd_state(lr: float) -> dict:
@@ -231,3 +232,37 @@ def example_heads(
     ``num_features`` (ResNet-50: 2048), named as in the file; widths scaled down where fixed."""
     get_format(format)
     return EXAMPLE_HEADS[format](state, num_features)
+
+
+def moco_file_heads(method_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The heads of a methods/moco (or pcl) checkpoint as MoCo's file holds them: the query head as
+    encoder_q.fc, the key encoder (backbone and head) as encoder_k, the queue as [dim, K]."""
+    renames = {"projector.": "module.encoder_q.fc.", "key_encoder.net.0.": "module.encoder_k."}
+    renames["key_encoder.net.1."] = "module.encoder_k.fc."
+    heads = {
+        new + key[len(old) :]: value
+        for key, value in method_state.items()
+        for old, new in renames.items()
+        if key.startswith(old)
+    }
+    queue = {"module.queue": method_state["queue.keys"].T.contiguous()}
+    return heads | queue | {"module.queue_ptr": method_state["queue.pointer"].reshape(1)}
+
+
+# The methods whose checkpoint `export` writes with its heads, by format; others are written as the
+# backbone alone.
+FILE_HEADS: dict[str, tuple[tuple[str, ...], Callable[[Mapping], dict]]] = {
+    "moco": (("moco",), moco_file_heads),
+    "pcl": (("pcl",), moco_file_heads),
+}
+
+
+def export(checkpoint_path: str | Path, format: str, out: str | Path) -> Path:
+    """A checkpoint the suite trained, written as ``format``'s official file (its heads too where the
+    method is the format's own: MoCo's and PCL's key encoder, query head and queue)."""
+    ckpt = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    methods, heads_of = FILE_HEADS.get(format, ((), None))
+    own = ckpt["cfg"]["method_base"] in methods
+    heads = heads_of(ckpt["method_state"]) if own else None
+    fields = {"epoch": ckpt["meta"]["epochs_trained"], "arch": ckpt["cfg"]["backbone"]["name"]} if own else {}
+    return write_official(ckpt["encoder"], format, out, heads=heads, **fields)

@@ -28,150 +28,17 @@ import pickle
 import types
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from sslbench.errors import SslbenchError
+from sslbench.weightfiles import FORMATS, Format, ReleasedWeightsError, get_format
 
 BATCHES_TRACKED = "num_batches_tracked"
 
 
 SHOWN = 5  # keys shown per kind in a mismatch message
-
-
-class ReleasedWeightsError(SslbenchError, ValueError):
-    """A released file that is not the format named, or does not fit the backbone: the message names
-    the file, the keys and the fix."""
-
-
-@dataclass(frozen=True)
-class Format:
-    """How one repository's released file holds a ResNet backbone. Keys are matched as prefixes."""
-
-    source: str  # the file whose loader this follows
-    wrapper: str | None  # the top-level entry holding the weights; None: the file is the state dict
-    prefix: str = ""  # of the backbone's keys in the file, stripped
-    also_strips: tuple[str, ...] = ()  # other prefixes the loader strips (the first a key starts with)
-    drop: tuple[str, ...] = ()  # keys (as in the file) of heads and other networks, dropped
-    also_reads: tuple[str, ...] = ()  # other top-level entries the loader accepts, tried after `wrapper`
-    parts: tuple[str, ...] = ()  # entries `part` may select, the first by default
-    backbone_file: bool = False  # also released as a bare state dict of the backbone, plain keys
-    batches_tracked: bool = True  # the file has BatchNorm's num_batches_tracked (else filled with 0)
-    legacy_file: bool = False  # written by pytorch < 1.6 (not a zip file)
-    foreign_suffix: str | None = None  # files with this suffix are a release this format does not read
-    note: str = ""
-
-
-MOCO = dict(
-    wrapper="state_dict",
-    prefix="module.encoder_q.",
-    drop=("module.encoder_q.fc.", "module.encoder_k.", "module.queue", "module.queue_ptr"),
-)
-
-
-SWAV = dict(
-    wrapper=None,
-    also_reads=("state_dict",),
-    prefix="module.",
-    drop=("module.projection_head.", "module.prototypes.", "projection_head.", "prototypes."),
-)
-
-
-TORCHVISION_CLASSIFIER = ("fc.",)
-
-
-FORMATS: dict[str, Format] = {
-    "moco": Format("facebookresearch/moco main_lincls.py (`if args.pretrained`)", **MOCO),
-    "pcl": Format("salesforce/PCL eval_cls_imagenet.py (`if args.pretrained`)", **MOCO),
-    "mocov3": Format(
-        "facebookresearch/moco-v3 main_lincls.py (`if args.pretrained`)",
-        wrapper="state_dict",
-        prefix="module.base_encoder.",
-        drop=("module.base_encoder.fc.", "module.momentum_encoder.", "module.predictor."),
-    ),
-    "simsiam": Format(
-        "facebookresearch/simsiam main_lincls.py (`if args.pretrained`)",
-        wrapper="state_dict",
-        prefix="module.encoder.",
-        drop=("module.encoder.fc.", "module.predictor."),
-    ),
-    "swav": Format("facebookresearch/swav hubconf.py, eval_linear.py", **SWAV),
-    "deepclusterv2": Format("facebookresearch/swav hubconf.py, eval_linear.py", **SWAV),
-    "selav2": Format("facebookresearch/swav hubconf.py, eval_linear.py", **SWAV),
-    "dino": Format(
-        "facebookresearch/dino utils.py load_pretrained_weights (eval_linear.py, eval_knn.py)",
-        wrapper="teacher",
-        parts=("teacher", "student"),
-        backbone_file=True,  # dino_resnet50_pretrain.pth; the full checkpoint holds teacher and student
-        prefix="module.backbone.",
-        also_strips=("backbone.",),
-        drop=("module.head.", "head."),
-    ),
-    "barlowtwins": Format(
-        "facebookresearch/barlowtwins evaluate.py (resnet50.pth), main.py (checkpoint.pth)",
-        wrapper="model",
-        backbone_file=True,
-        prefix="module.backbone.",
-        drop=("module.projector.", "module.bn."),
-    ),
-    "vicreg": Format(
-        "facebookresearch/vicreg hubconf.py (resnet50.pth), evaluate.py (resnet50_fullckpt.pth)",
-        wrapper="model",
-        backbone_file=True,
-        prefix="module.backbone.",
-        drop=("module.projector.",),
-    ),
-    "supcon": Format(
-        "third-party loaders of HobbitLong/SupContrast's supcon.pth (deeplearning-wisc/knn-ood "
-        "util/model_loader.py); the repository itself has no ImageNet loader",
-        wrapper="model",
-        prefix="module.encoder.",
-        also_strips=("encoder.module.", "encoder."),
-        drop=("module.head.", "head."),
-        note="the layout of supcon.pth comes from third-party loaders, not from the official repository",
-    ),
-    "instdisc": Format(
-        "zhirongw/lemniscate.pytorch main.py (`--resume`)",
-        wrapper="state_dict",
-        prefix="module.",
-        drop=("module.fc.",),
-        batches_tracked=False,
-        legacy_file=True,
-        note="the file also pickles lemniscate's memory bank object (read as a placeholder)",
-    ),
-    "byol": Format(
-        "chigur/byol-convert convert.py (of deepmind-research byol's pretrain_res50x1.pkl)",
-        wrapper=None,
-        also_reads=("state_dict",),  # linusericsson/ssl-transfer's conversion wraps it
-        drop=TORCHVISION_CLASSIFIER,  # BYOL's online linear probe (`classifier`)
-        batches_tracked=False,
-        foreign_suffix=".pkl",
-        note=(
-            "BYOL's official pretrain_res50x1.pkl is a dill pickle of JAX/Haiku trees, which this does not "
-            "read: convert it with chigur/byol-convert (convert.py writes pretrain_res50x1.pth.tar) and "
-            "import that file"
-        ),
-    ),
-    "torchvision": Format(
-        "pytorch/vision torchvision/models/resnet.py", wrapper=None, drop=TORCHVISION_CLASSIFIER
-    ),
-    "timm": Format(
-        "huggingface/pytorch-image-models timm/models/_helpers.py load_checkpoint",
-        wrapper=None,
-        also_reads=("state_dict_ema", "state_dict", "model"),
-        also_strips=("module.",),
-        drop=("fc.", "head.fc.", "head.weight", "head.bias", "classifier."),
-    ),
-}
-
-
-def get_format(name: str) -> Format:
-    if name not in FORMATS:
-        raise ReleasedWeightsError(f"unknown released-weights format {name!r}; known: {', '.join(FORMATS)}")
-    return FORMATS[name]
 
 
 class Unimported:
@@ -385,3 +252,61 @@ def load_backbone(
             full[key] = torch.zeros_like(value)
     backbone.load_state_dict(full, strict=True)
     return backbone
+
+
+def import_released(cfg: dict, seed: int, out_dir: str | Path, prepared: str | Path | None = None) -> Path:
+    """A released file as the checkpoint of the run ``cfg`` (its ``released`` section, from
+    ``sslbench.plan.released``): the backbone built as a trained run's would be, the file's weights
+    loaded strictly, the normalisation the release was trained with (ImageNet's) or the pretraining
+    set's own, and run.json as the trainer writes it, with the file's name, format and sha256."""
+    from sslbench.backbones import backbone_from_config
+    from sslbench.data import dataset_stats, load_data
+    from sslbench.plan.settings import dataset_label
+    from sslbench.pretrain.checkpoints import save_final
+    from sslbench.provenance import code_record, provenance, sha256_file
+
+    info = cfg["released"]
+    path = Path(info["path"])
+    digest = sha256_file(path)
+    if info.get("sha256") and digest != info["sha256"]:
+        raise ReleasedWeightsError(
+            f"{path} changed since the DAG was planned (sha256 {digest}, planned {info['sha256']}); run "
+            "snakemake again so that the plan and its results name this file"
+        )
+    data = load_data(cfg, prepared)
+    torch.manual_seed(seed)
+    backbone = backbone_from_config(cfg, data.channels, data.image_size)
+    load_backbone(
+        backbone, backbone_state(path, info["format"], info.get("part")), path, format=info["format"]
+    )
+    images = data.train.images if info["normalisation"] == "dataset" else None
+    mean, std = dataset_stats(data.channels, images)
+    meta = {
+        "method": cfg["method"],
+        "dataset": dataset_label(cfg),
+        "seed": seed,
+        "epochs_trained": cfg["train"].get("epochs"),
+        "steps": None,
+        "batch_size": None,
+        "world_size": 1,
+        "image_size": data.image_size,
+        "channels": data.channels,
+        "num_classes": data.num_classes,
+        "backbone": cfg["backbone"]["name"],
+        "small_stem": bool(cfg["backbone"].get("small_stem", False)),
+        "train_wall_time_s": None,
+        "images_per_s": None,
+        "released": {**info, "sha256": digest},
+        **provenance(torch.device("cpu")),
+        "code": code_record("import"),
+    }
+    checkpoint = {
+        "encoder": backbone.state_dict(),
+        "method_state": {},
+        "cfg": cfg,
+        "seed": seed,
+        "meta": meta,
+        "normalisation": {"mean": mean, "std": std},
+    }
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return save_final(Path(out_dir), checkpoint)

@@ -367,28 +367,43 @@ def reproduce_hint(entry: pd.Series, presets: list[dict]) -> str:
 def reproduced_vs_reported(
     table: pd.DataFrame, methods_dir: str | Path, config_dir: str | Path
 ) -> pd.DataFrame:
-    """Each paper.yaml number beside ours under the same dataset, backbone and epochs.
+    """Each paper.yaml number beside ours under the same dataset, backbone and epochs: the paper's own
+    weights through our protocol (``released``), and our training (``ours``).
 
-    ours/std/n are the mean, std and seed count of our runs with the paper's settings, gap = ours -
-    reported; where we have no such run, ``reproduce`` names the preset that would produce one.
+    released/released_n: the mean and seed count of our protocol on the method's released weights
+    (runs with a ``released_name``), released_gap = released - reported; it separates "our evaluation
+    differs from the paper's" from "our training does". ours/std/n are the mean, std and seed count of
+    our trained runs with the paper's settings, gap = ours - reported; where we have no such run,
+    ``reproduce`` names the preset that would produce one.
     """
     table = check_table(table)
     # the method folders this table has results of: a folder skipped as broken (--keep-going) is not read
     paper = read_paper_results(methods_dir, set(table["method_base" if "method_base" in table else "method"]))
     rows = []
+    released_runs = table["released_name"].fillna("").astype(str) != "" if "released_name" in table else None
     for _, entry in paper.iterrows():
-        ours = table[
-            (table["method"] == entry["method"])
-            & (table["pretrain_dataset"] == entry["pretrain_dataset"])
+        same = (
+            (table["pretrain_dataset"] == entry["pretrain_dataset"])
             & (table["eval_dataset"] == entry["eval_dataset"])
             & (table["protocol"] == entry["protocol"])
             & (table["metric"] == entry["metric"])
-        ]
-        if "backbone" in ours:
-            ours = ours[ours["backbone"].astype(str) == str(entry["paper_backbone"])]
-        if "epochs" in ours:
-            ours = ours[pd.to_numeric(ours["epochs"], errors="coerce") == float(entry["paper_epochs"])]
+        )
+        if "backbone" in table:
+            same &= table["backbone"].astype(str) == str(entry["paper_backbone"])
+        if "epochs" in table:
+            same &= pd.to_numeric(table["epochs"], errors="coerce") == float(entry["paper_epochs"])
+        ours = table[same & (table["method"] == entry["method"])]
         row = entry.to_dict()
+        released = (
+            table[same & released_runs & (table["method_base"] == entry["method"])]
+            if (released_runs is not None)
+            else table.iloc[:0]
+        )
+        row.update(
+            released=released["value"].mean() if len(released) else math.nan,
+            released_n=len(released),
+            released_gap=released["value"].mean() - float(entry["reported"]) if len(released) else math.nan,
+        )
         if len(ours):
             values = ours["value"]
             std = values.std(ddof=1) if len(values) > 1 else math.nan
@@ -417,6 +432,9 @@ def reproduced_vs_reported(
         "protocol",
         "metric",
         "reported",
+        "released",
+        "released_n",
+        "released_gap",
         "ours",
         "std",
         "n",

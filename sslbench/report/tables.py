@@ -303,6 +303,8 @@ def reproduced_display(reproduced: pd.DataFrame) -> pd.DataFrame:
     out = reproduced[["method", *PAIR, "paper_backbone", "paper_epochs", "protocol", "metric"]].copy()
     out = out.rename(columns={"paper_backbone": "backbone", "paper_epochs": "epochs"})
     out["reported (%)"] = reproduced["reported"].map(fmt_percent)
+    out["released weights, our protocol (%)"] = reproduced["released"].map(fmt_percent)
+    out["released gap (% points)"] = reproduced["released_gap"].map(fmt_percent)
     out["ours (%)"] = reproduced["ours"].map(fmt_percent)
     out["std (%)"] = reproduced["std"].map(fmt_percent)
     out["n"] = reproduced["n"].astype(str)

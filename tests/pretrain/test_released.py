@@ -12,7 +12,8 @@ import torch
 
 from sslbench.pretrain import released
 from sslbench.pretrain.official_files import example_heads, write_official
-from sslbench.pretrain.released import FORMATS, ReleasedWeightsError, backbone_state, load_backbone
+from sslbench.pretrain.released import backbone_state, load_backbone
+from sslbench.weightfiles import FORMATS, ReleasedWeightsError
 
 TRACKED = "num_batches_tracked"
 

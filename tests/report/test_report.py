@@ -856,3 +856,38 @@ def test_matrices_fit_the_window_at_full_size(wide, tmp_path):
     for table in measured["tables"]:
         assert table["right"] <= measured["width"], table
         assert table["font"] >= 10, table
+
+
+def test_reproduced_table_sets_the_released_weights_between_the_paper_and_ours(tmp_path):
+    """Three columns in the browser: the paper's number, our protocol on the authors' weights (a
+    released run of the method) and our training, each from its own rows of the table."""
+    results = write_results(tmp_path)
+    methods, config = write_methods_and_presets(tmp_path)
+    table = pd.read_csv(results / "table.csv")
+    label, rng = "alpha (released: r)", np.random.default_rng(1)
+    mine = table[(table["method"] == "alpha") & (table["seed"] < 2)].copy()
+    for seed in (0, 1):
+        write_run(mkdir(run_folder(results, DATASET, label, seed)), label, seed, 0.0, rng)
+    mine = mine.assign(method=label, method_base="alpha", released_name="r", released_file="r.pth")
+    mine["value"] = 0.52 + 0.01 * mine["seed"]
+    pd.concat([table.assign(method_base=table["method"]), mine]).to_csv(results / "table.csv", index=False)
+    path = build_report(results, methods, config, tmp_path / "out")
+    row = pd.read_csv(tmp_path / "out" / "reproduced.csv").iloc[0]  # alpha's kNN on digits (paper 0.55)
+    ours = table[(table["method"] == "alpha") & (table["metric"] == row["metric"])]
+    ours = ours[ours["eval_dataset"] == DATASET]["value"]
+    assert (row["released"], row["released_n"]) == (pytest.approx(0.525), 2)
+    assert row["released_gap"] == pytest.approx(0.525 - 0.55) and row["ours"] == pytest.approx(ours.mean())
+
+    dom = run_chromium(path, tmp_path, "--dump-dom").stdout
+    parser = PageParser()
+    parser.feed(dom)
+    shown = records(parser, "table-reproduced")[0]
+    assert close(shown["reported (%)"][0], 0.55, 100, 2)
+    assert close(shown["released weights, our protocol (%)"][0], 0.525, 100, 2)
+    assert close(shown["released gap (% points)"][0], 0.525 - 0.55, 100, 2)
+    assert close(shown["ours (%)"][0], ours.mean(), 100, 2)
+
+
+def mkdir(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    return folder
