@@ -18,6 +18,28 @@ the evaluation transform. There is no held-out choice here: the recipe's values 
 Settings merged from a config that also holds the cached mode's keys (weight_decay_grid, ...)
 are accepted and ignored in paper mode (listed in `ignored_settings`). This mode runs torch,
 imported inside its functions so that a cached-mode job never loads it.
+
+Mode "mae" (MAE's main_linprobe.py recipe, facebookresearch/mae; needs the checkpoint and the
+images): the paper mode's machinery (the same frozen backbone, augmented views, evaluation and
+handling of settings) with MAE's head and optimiser. The head is BatchNorm1d(D, affine=False, eps
+1e-6) then a linear layer (weight trunc_normal std 0.01, bias 0): the batch norm has no parameters;
+it normalises each training batch with its own statistics and tracks running ones, which the test
+split uses (the head in eval mode). The linear layer trains with LARS (MAE's util/lars.py, as
+sslbench.loop.Lars with trust ratio `update_norm`: eta ||w|| / ||g + wd w||, eta 0.001, no
+clipping, momentum 0.9; the 1-D bias neither adapted nor decayed, MAE's `p.ndim > 1` rule), weight
+decay 0, 90 epochs, batch 16384 with lr = blr 0.1 x 16384 / 256 = 6.4, a linear warm-up from 0 over
+10 epochs then a half cosine to 0, set at every step (util/lr_sched.py, min_lr 0), and the last
+batch of an epoch dropped when smaller than batch_size (its drop_last). The feature is the
+encoder's as the checkpoint's `backbone.features` reads it (`pooled` with a ViT's `global_pool:
+token` is MAE's default, the class token after the final norm). Where it differs from MAE: MAE puts
+the whole model in train mode, which for its ViT (LayerNorm, no dropout or drop-path) is eval mode;
+here the backbone stays in eval mode, so a backbone with batch norm keeps its statistics. MAE runs
+under fp16 autocast; this runs in float32. Its crops are the suite's ViewAugment "supervised"
+preset, as the paper mode's, not MAE's util/crop.py (TF-style, no retry loop, bicubic). The lr is
+the absolute one for the batch: a preset that lowers batch_size sets lr = 0.1 x batch_size / 256
+with it. LARS moves a weight by about lr x eta x ||w|| a step whatever the gradient's size, so an
+epoch moves it by about blr x N / 256 x eta of ||w|| (x 10 with momentum; N the train images): on a
+set much smaller than ImageNet's 1.28M images the probe barely leaves its initialisation.
 """
 
 from __future__ import annotations
@@ -33,8 +55,8 @@ if TYPE_CHECKING:  # annotations only
     import torch
 
 PROTOCOL = "linear"
-NEEDS_CHECKPOINT = True  # mode "paper" reads the checkpoint; mode "cached" ignores it
-READS_IMAGES = ["paper"]  # the modes that load the target's images (its prepared file, in the DAG)
+NEEDS_CHECKPOINT = True  # modes "paper" and "mae" read the checkpoint; mode "cached" ignores it
+READS_IMAGES = ["paper", "mae"]  # the modes that load the target's images (its prepared file, in the DAG)
 DEFAULTS: dict = {
     "mode": "cached",
     "weight_decay_grid": [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1],
@@ -50,6 +72,18 @@ PAPER_DEFAULTS: dict = {  # facebookresearch/moco main_lincls.py
     "epochs": 100,
     "milestones": [60, 80],  # epochs where the lr is multiplied by 0.1
     "batch_size": 256,
+    "augment": {"preset": "supervised"},  # RandomResizedCrop (0.08, 1) + flip: view_config() arguments
+    "eval_batch_size": 1024,
+    "device": None,  # None: CUDA if available, else CPU
+}
+MAE_DEFAULTS: dict = {  # facebookresearch/mae main_linprobe.py (FINETUNE.md: 32 GPUs x 512 = batch 16384)
+    "mode": "mae",
+    "lr": 6.4,  # the absolute lr for batch_size: blr 0.1 x 16384 / 256 (lr = blr x batch / 256)
+    "momentum": 0.9,  # util/lars.LARS's
+    "weight_decay": 0.0,
+    "epochs": 90,
+    "warmup_epochs": 10,  # linear warm-up from 0, then cosine to 0; per step (util/lr_sched.py)
+    "batch_size": 16384,
     "augment": {"preset": "supervised"},  # RandomResizedCrop (0.08, 1) + flip: view_config() arguments
     "eval_batch_size": 1024,
     "device": None,  # None: CUDA if available, else CPU
@@ -156,13 +190,15 @@ def select_weight_decay(
 def evaluate(
     features: dict, settings: dict, seed: int, checkpoint_path=None, prepared=None
 ) -> tuple[dict[str, float], dict]:
-    """``prepared``: the target's prepared file (``sslbench.data.prepare_dataset``), which mode "paper"
-    reads its images from instead of the dataset's own files."""
-    if (settings or {}).get("mode") == "paper":
+    """``prepared``: the target's prepared file (``sslbench.data.prepare_dataset``), which the image
+    modes ("paper", "mae") read their images from instead of the dataset's own files."""
+    mode = (settings or {}).get("mode", DEFAULTS["mode"])
+    if mode in IMAGE_MODES:
         return evaluate_paper(settings, seed, checkpoint_path, (features or {}).get("meta"), prepared)
+    if mode != DEFAULTS["mode"]:
+        known = ", ".join(repr(m) for m in [DEFAULTS["mode"], *IMAGE_MODES])
+        raise ProtocolError(f"linear: unknown mode {mode!r}; known modes are {known}")
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
-    if used["mode"] != "cached":
-        raise ProtocolError(f"linear: unknown mode {used['mode']!r}; known modes are 'cached' and 'paper'")
     if not used["weight_decay_grid"] or not 0 < used["val_fraction"] < 1:
         raise ProtocolError("linear: weight_decay_grid must be non-empty and 0 < val_fraction < 1")
     used["weight_decay_grid"] = sorted(float(w) for w in used["weight_decay_grid"])
@@ -184,7 +220,35 @@ def evaluate(
     return check_metrics({"top1": accuracy[1], "top5": accuracy[5]}, PROTOCOL), used
 
 
-# --- mode "paper": frozen backbone, augmented crops, SGD ---------------------------------------
+# --- the image modes: "paper" (MoCo) and "mae" (MAE), a frozen backbone and augmented crops -----
+
+IMAGE_MODES = {"paper": PAPER_DEFAULTS, "mae": MAE_DEFAULTS}  # each mode's own settings
+MAE_LARS = {  # MAE's util/lars.LARS: sslbench.loop.Lars's rule `update_norm`, no clipping
+    "lars_trust_coefficient": 0.001,
+    "lars_trust_ratio": "update_norm",
+    "lars_trust_clip": False,
+}
+RECORDED = {  # what each image mode records beside its settings
+    "paper": {
+        "optimiser": "SGD on the linear layer only; backbone frozen in eval mode (running BN statistics)",
+        "head_init": "weight ~ N(0, 0.01), bias 0",
+        "schedule": "lr x0.1 at each milestone epoch",
+    },
+    "mae": {
+        "optimiser": (
+            "LARS (sslbench.loop.Lars, trust ratio update_norm, eta 0.001, no clipping) on the linear "
+            "layer's weight, its bias neither adapted nor decayed (MAE's util/lars.py); backbone frozen "
+            "in eval mode (running BN statistics)"
+        ),
+        "head": (
+            "BatchNorm1d(affine=False, eps 1e-6) then a linear layer; the batch norm normalises with "
+            "each training batch's statistics and the test split with its running statistics"
+        ),
+        "head_init": "weight ~ trunc_normal(std 0.01), bias 0",
+        "schedule": "per step: linear warm-up from 0 over warmup_epochs, then half cosine to 0",
+        "last_batch": "dropped when smaller than batch_size, unless it is the only one (drop_last)",
+    },
+}
 
 
 def new_head(dim: int, num_classes: int, generator: torch.Generator) -> torch.nn.Linear:
@@ -198,9 +262,50 @@ def new_head(dim: int, num_classes: int, generator: torch.Generator) -> torch.nn
     return head
 
 
+def new_mae_head(dim: int, num_classes: int, generator: torch.Generator) -> torch.nn.Sequential:
+    """MAE's probe head: BatchNorm1d(dim, affine=False, eps=1e-6), no parameters, then a linear
+    layer, weight trunc_normal_(std=0.01) (timm's bounds +-2, so in effect a normal at this std),
+    bias 0 (timm's init of the head it replaces), drawn from `generator`."""
+    import torch
+
+    linear = torch.nn.Linear(dim, num_classes)
+    with torch.no_grad():
+        torch.nn.init.trunc_normal_(linear.weight, std=0.01, a=-2.0, b=2.0, generator=generator)
+        linear.bias.zero_()
+    return torch.nn.Sequential(torch.nn.BatchNorm1d(dim, eps=1e-6, affine=False), linear)
+
+
 def paper_schedule(used: dict) -> dict:
-    """The lr schedule of sslbench.loop.learning_rate: x0.1 at each milestone epoch, no warm-up."""
+    """An image mode's lr schedule, as sslbench.loop.learning_rate takes it. "paper": x0.1 at each
+    milestone epoch, no warm-up. "mae": lr x epoch / warmup_epochs on the fractional epoch (0 at
+    the first step), then a half cosine to 0 over the remaining epochs, per step (learning_rate's
+    `linear` ramp is MAE's util/lr_sched.adjust_learning_rate with min_lr 0)."""
+    if used["mode"] == "mae":
+        return {
+            "lr": used["lr"],
+            "schedule": "cosine",
+            "warmup_epochs": used["warmup_epochs"],
+            "warmup_ramp": "linear",
+            "epochs": used["epochs"],
+        }
     return {"lr": used["lr"], "schedule": "step", "milestones": used["milestones"], "epochs": used["epochs"]}
+
+
+def probe_optimizer(head: torch.nn.Module, used: dict) -> torch.optim.Optimizer:
+    """An image mode's optimiser over the head. "paper": SGD. "mae": LARS (MAE_LARS) where tensors
+    of two or more dimensions are adapted and decayed and 1-D ones (the bias) neither, as MAE's
+    util/lars.py (`if p.ndim > 1`)."""
+    from sslbench.loop import make_optimizer
+
+    settings = {"lr": used["lr"], "momentum": used["momentum"], "weight_decay": used["weight_decay"]}
+    if used["mode"] != "mae":
+        return make_optimizer(head.parameters(), {"optimizer": "sgd", **settings})
+    params = list(head.parameters())
+    groups = [
+        {"params": [p for p in params if p.ndim > 1]},
+        {"params": [p for p in params if p.ndim <= 1], "exclude_from_lars": True, "weight_decay": 0.0},
+    ]
+    return make_optimizer(groups, {"optimizer": "lars", **settings, **MAE_LARS})
 
 
 def freeze(backbone: torch.nn.Module) -> torch.nn.Module:
@@ -213,17 +318,18 @@ def freeze(backbone: torch.nn.Module) -> torch.nn.Module:
 
 def fit_frozen_probe(
     backbone: torch.nn.Module, train, num_classes: int, augment, used: dict, seed: int, device: torch.device
-) -> torch.nn.Linear:
-    """Train a linear layer on the frozen backbone's features of augmented views of `train`
-    (an ImageSet). The backbone is never put in train mode and receives no gradient."""
+) -> torch.nn.Module:
+    """Train the head of the image mode ``used["mode"]`` on the frozen backbone's features of
+    augmented views of `train` (an ImageSet). The backbone is never put in train mode and receives
+    no gradient; the head is in train mode (MAE's batch norm: batch statistics) and is returned so."""
     import torch
 
-    from sslbench.loop import fit_classifier, make_optimizer
+    from sslbench.loop import fit_classifier
 
     freeze(backbone)
-    head = new_head(backbone.num_features, num_classes, torch.Generator().manual_seed(seed_for(seed, 0))).to(
-        device
-    )
+    make_head = new_mae_head if used["mode"] == "mae" else new_head
+    generator = torch.Generator().manual_seed(seed_for(seed, 0))
+    head = make_head(backbone.num_features, num_classes, generator).to(device).train()
 
     def forward(views: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -232,24 +338,17 @@ def fit_frozen_probe(
 
     def diverged(loss: float, epoch: int) -> str:
         return (
-            f"linear (paper): the loss became {loss} in epoch {epoch + 1}; "
+            f"linear ({used['mode']}): the loss became {loss} in epoch {epoch + 1}; "
             f"lower the setting `lr` (now {used['lr']})"
         )
 
-    sgd = {
-        "optimizer": "sgd",
-        "lr": used["lr"],
-        "momentum": used["momentum"],
-        "weight_decay": used["weight_decay"],
-    }
-    optimiser = make_optimizer(head.parameters(), sgd)
     generators = (
         torch.Generator().manual_seed(seed_for(seed, 1)),
         torch.Generator().manual_seed(seed_for(seed, 2)),
     )
     fit_classifier(
         forward,
-        optimiser,
+        probe_optimizer(head, used),
         train,
         augment,
         paper_schedule(used),
@@ -257,31 +356,44 @@ def fit_frozen_probe(
         generators,
         device,
         diverged,
+        min_batch=used["batch_size"] if used["mode"] == "mae" else 1,  # MAE's loader drops the last
     )
     return head
 
 
 def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
-    """Paper-mode settings; the cached mode's own keys are tolerated (a preset merged over
-    config/default.yaml keeps them) and returned as ignored."""
-    cached_only = set(DEFAULTS) - set(PAPER_DEFAULTS)
+    """The settings of the image mode ``settings["mode"]`` (default "paper") over its own defaults.
+    The cached mode's own keys are tolerated (a preset merged over config/default.yaml keeps them)
+    and returned as ignored; another image mode's own keys are unknown here (as the planner's
+    sslbench.plan.protocols.protocol_problems says)."""
+    mode = settings.get("mode", "paper")
+    defaults = IMAGE_MODES[mode]
+    cached_only = set(DEFAULTS) - set(defaults)
     ignored = sorted(set(settings) & cached_only)
     used = resolve_settings(
         {k: v for k, v in settings.items() if k not in cached_only},
-        PAPER_DEFAULTS,
-        f"{PROTOCOL} (mode 'paper')",
+        defaults,
+        f"{PROTOCOL} (mode {mode!r})",
     )
     if used["epochs"] < 0 or used["batch_size"] < 1 or used["lr"] <= 0:
-        raise ProtocolError("linear (paper): settings need epochs >= 0, batch_size >= 1 and lr > 0")
-    used["milestones"] = sorted(int(m) for m in used["milestones"])
+        raise ProtocolError(f"linear ({mode}): settings need epochs >= 0, batch_size >= 1 and lr > 0")
+    if mode == "mae":
+        if used["batch_size"] < 2:
+            raise ProtocolError("linear (mae): batch_size must be >= 2 (the head's batch norm in train mode)")
+        if not 0 <= used["warmup_epochs"] <= used["epochs"]:
+            raise ProtocolError("linear (mae): settings need 0 <= warmup_epochs <= epochs")
+    else:
+        used["milestones"] = sorted(int(m) for m in used["milestones"])
     return used, ignored
 
 
 def evaluate_paper(
     settings: dict, seed: int, checkpoint_path, features_meta: dict | None = None, prepared=None
 ) -> tuple[dict[str, float], dict]:
-    """The probe on the images of the features' target (their ``eval`` record; the pretraining set
-    when there is none), as extracted: its size, the pretraining set's mean and std."""
+    """An image mode's probe on the images of the features' target (their ``eval`` record; the
+    pretraining set when there is none), as extracted: its size, the pretraining set's mean and std.
+    The test split goes through the backbone and the head in eval mode (MAE's batch norm: running
+    statistics)."""
     import torch
 
     from sslbench.augment.pipeline import EvalTransform, ViewAugment
@@ -290,9 +402,10 @@ def evaluate_paper(
     from sslbench.extract.features import embed, evaluation_data, load_encoder, read_checkpoint
 
     used, ignored = resolve_paper_settings(settings)
+    mode = used["mode"]
     if checkpoint_path is None:
         raise ProtocolError(
-            "linear: mode 'paper' trains on images through the frozen backbone and needs the "
+            f"linear: mode {mode!r} trains on images through the frozen backbone and needs the "
             "checkpoint: pass checkpoint_path (`sslbench evaluate --checkpoint ...`)"
         )
     device = select_device(used["device"] or "auto")
@@ -300,7 +413,7 @@ def evaluate_paper(
     data = evaluation_data(ckpt, features_meta, prepared)
     if data.multilabel:
         raise ProtocolError(
-            f"linear (paper): {data.name} is multilabel; this protocol needs one class per image"
+            f"linear ({mode}): {data.name} is multilabel; this protocol needs one class per image"
         )
     norm = ckpt["normalisation"]
     views = view_config(**used["augment"])
@@ -314,9 +427,7 @@ def evaluate_paper(
         device=str(device),
         ignored_settings=ignored,
         view_config=dataclasses.asdict(views),
-        optimiser="SGD on the linear layer only; backbone frozen in eval mode (running BN statistics)",
-        head_init="weight ~ N(0, 0.01), bias 0",
-        schedule="lr x0.1 at each milestone epoch",
+        **RECORDED[mode],
         eval_transform="EvalTransform (centre square crop, resize, normalise)",
     )
     return check_metrics({"top1": accuracy[1], "top5": accuracy[5]}, PROTOCOL), used

@@ -7,6 +7,20 @@ ResNet family, whose stem is ``conv1`` + ``bn1`` + ``maxpool``.
 An input filter is a fixed layer in front of the network, part of the backbone (so the encoder
 evaluated has it too): ``sobel``, DeepCluster's. A method asks for it in its config.yaml
 (``backbone: {input_filter: sobel}``); the suite's backbone section never sets it.
+
+``backbone.args`` go to ``timm.create_model`` as they are. A Vision Transformer takes the dataset's image
+size (``img_size``) and ``dynamic_img_size: true`` unless its args say otherwise: multi-crop views of
+another size then resample the position embeddings at each forward (timm's bicubic, antialiased
+resampling, where DINO's ``interpolate_pos_encoding`` scales by the size ratio + 0.1 without antialias:
+one implementation for every method, the values differ slightly).
+
+What a network's features are (``backbone.features``, ``FEATURES``): ``pooled``, its own pooled output
+(a ResNet's global average; a ViT's per its ``global_pool`` arg: ``token``, the class token after the
+final norm, as DINO's kNN and MoCo v3's linear probe; ``avg``, the mean of the patch tokens), or DINO's
+ViT linear-probe inputs (eval_linear.py): ``last4_cls``, the class tokens of the last 4 blocks after
+the final norm, concatenated (``--n_last_blocks 4``, its ViT-S setting), and ``cls_avgpool``, the last
+block's class token and mean patch token (``--n_last_blocks 1 --avgpool_patchtokens``, its ViT-B one).
+Training always uses the pooled output; ``feature_reader`` applies the setting where features are read.
 """
 
 from __future__ import annotations
@@ -25,6 +39,8 @@ class BackboneError(SslbenchError, ValueError):
 
 PIXELS = "pixels"
 INPUT_FILTERS = ("sobel",)
+FEATURES = ("pooled", "last4_cls", "cls_avgpool")
+VIT_MODULES = ("vision_transformer",)  # timm modules whose models take img_size and dynamic_img_size
 
 
 class Pixels(nn.Module):
@@ -66,15 +82,27 @@ def create_backbone(
             f"unknown backbone {name!r} (config key `backbone.name`): not a timm model name; "
             f"similar names: {close or 'none'}; see timm.list_models()"
         )
-    model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_chans, **kwargs)
+    if is_vit(name):
+        kwargs = {"img_size": image_size, "dynamic_img_size": True, **kwargs}
+    try:
+        model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_chans, **kwargs)
+    except (TypeError, ValueError, AssertionError) as err:
+        raise BackboneError(
+            f"config key `backbone.args` = {kwargs}: timm.create_model({name!r}) refuses them: "
+            f"{type(err).__name__}: {err}. Fix or remove the argument."
+        ) from None
     if small_stem:
         apply_small_stem(model, name)
     return model
 
 
+def is_vit(name: str) -> bool:
+    return name != PIXELS and timm.models.is_model_in_modules(name, VIT_MODULES)
+
+
 def backbone_from_config(cfg: dict, in_chans: int, image_size: int) -> nn.Module:
     """The backbone a run's settings name (their ``backbone`` section), for ``in_chans``-channel images
-    of ``image_size`` pixels (only ``pixels`` depends on the size: timm's models pool it away)."""
+    of ``image_size`` pixels (``pixels`` and ViTs depend on the size; timm's CNNs pool it away)."""
     section = cfg["backbone"]
     return create_backbone(
         section["name"],
@@ -82,7 +110,43 @@ def backbone_from_config(cfg: dict, in_chans: int, image_size: int) -> nn.Module
         small_stem=section.get("small_stem", False),
         image_size=image_size,
         input_filter=section.get("input_filter"),
+        **(section.get("args") or {}),
     )
+
+
+class FeatureReader(nn.Module):
+    """DINO's ViT linear-probe inputs from a timm ViT (``FEATURES``): [B, 4D] or [B, 2D]."""
+
+    def __init__(self, vit: nn.Module, features: str):
+        super().__init__()
+        self.vit, self.features = vit, features
+        self.blocks = 4 if features == "last4_cls" else 1
+        if len(vit.blocks) < self.blocks:
+            raise BackboneError(
+                f"config key `backbone.features` = {features!r} reads the last {self.blocks} blocks; this "
+                f"ViT has {len(vit.blocks)}. Use `features: pooled` or a deeper ViT."
+            )
+        self.num_features = vit.num_features * (self.blocks if features == "last4_cls" else 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.vit.get_intermediate_layers(x, n=self.blocks, return_prefix_tokens=True, norm=True)
+        tokens = [prefix[:, 0] for _, prefix in out]
+        if self.features == "cls_avgpool":
+            tokens.append(out[-1][0].mean(1))
+        return torch.cat(tokens, dim=1)
+
+
+def feature_reader(backbone: nn.Module, section: dict) -> nn.Module:
+    """The backbone as its features are read (``backbone.features``; ``pooled``: the backbone itself)."""
+    features = section.get("features", "pooled")
+    if features == "pooled":
+        return backbone
+    if not hasattr(backbone, "get_intermediate_layers"):
+        raise BackboneError(
+            f"config key `backbone.features` = {features!r} reads a Vision Transformer's blocks; "
+            f"{section['name']!r} is none. Use `features: pooled`."
+        )
+    return FeatureReader(backbone, features)
 
 
 class SobelFilter(nn.Module):

@@ -65,6 +65,9 @@ def result_rows(result: dict, methods_dir: str | Path | None = None) -> list[dic
         "eval_wall_time_s": result["wall_time_s"],
         "backbone": run["backbone"],
         "small_stem": run["small_stem"],
+        # timm's arguments and what the features are (backbones.FEATURES): a ViT's are a setting
+        "backbone_args": json.dumps(cfg["backbone"].get("args") or {}, sort_keys=True),
+        "features": cfg["backbone"].get("features", "pooled"),
         "image_size": run["image_size"],
         "eval_image_size": target["image_size"],
         "eval_dataset_settings": json.dumps(target["settings"], sort_keys=True),

@@ -4,6 +4,8 @@ and the semi-supervised fine-tune, so that each is written once:
 - shuffled_batches:  one epoch's index batches in a random order
 - learning_rate:     the schedule (linear warm-up, then cosine, x0.1 steps or constant) at a step
 - set_learning_rate: every parameter group's lr at a step (its own base, or fixed)
+- weight_decay_at:   the weight-decay schedule (constant, or cosine to ``weight_decay_end``) at a step
+- set_weight_decay:  every decaying parameter group's weight decay at a step (called beside the lr's)
 - make_optimizer:    SGD, AdamW or LARS (``Lars``) from settings, over parameter groups
 - check_finite:      the divergence check, raising TrainingDiverged
 - autocast:          the bf16 autocast context of a device (CUDA only)
@@ -16,7 +18,9 @@ Parameter groups (``make_optimizer``): a group is a dict with ``params`` and any
                         ``train.lr`` x ``lr_scale``; Barlow Twins' bias lr);
 - ``fixed_lr`` (False): the schedule never moves the group: its lr stays ``base_lr`` (SimSiam's
                         predictor, ``--fix-pred-lr``);
-- ``weight_decay``:     the group's own (default ``train.weight_decay``);
+- ``weight_decay``:     the group's own (default ``train.weight_decay``), its value at the start of
+                        training (``base_weight_decay``, kept in the optimiser's state: the schedule
+                        below moves ``weight_decay`` from it);
 - ``momentum``:         the group's own SGD / LARS momentum (default ``train.momentum``; DeepCluster's
                         top layer: 0, its own SGD without momentum). AdamW has none: an error;
 - ``exclude_from_lars`` (False): LARS neither adapts nor decays the group (biases and norm
@@ -38,6 +42,14 @@ base x step / warm-up steps, 0 at the first step (BYOL's schedules.py, Barlow Tw
 adjust_learning_rate; MoCo v3's lr x epoch / warmup_epochs on the fractional epoch is the same);
 ``linspace`` is numpy's linspace(0, base, warm-up steps), 0 at the first step and base at the last
 warm-up step (DINO's cosine_scheduler, SwAV's warm-up). The cosine part starts at base after either.
+
+Weight-decay schedule (``train.weight_decay_end``; null: constant, every group keeps its own): a
+cosine per step over the whole run, no warm-up, from ``train.weight_decay`` to ``weight_decay_end``,
+wd_k = end + (start - end) (1 + cos(pi k / K)) / 2 for the 0-based step k of the run's K steps (DINO's
+utils.cosine_scheduler(weight_decay, weight_decay_end, epochs, niter_per_ep): ``start`` at the first
+step, close to ``end`` at the last, which it never reaches). A group with its own weight decay follows
+the same curve times its ratio to ``train.weight_decay``; a group with weight decay 0 (biases and norms
+``exclude_bias_and_norm`` leaves out) stays at 0, as DINO's second group.
 
 This module knows nothing of methods, checkpoints or protocols (it imports only sslbench.errors):
 the engine and the protocols call it, never the other way round.
@@ -131,6 +143,30 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, schedule: dict, step: in
             group["lr"] = learning_rate(schedule, step, steps_per_epoch, group.get("base_lr"))
 
 
+def weight_decay_at(schedule: dict, step: int, steps_per_epoch: int, base: float | None = None) -> float:
+    """The weight decay at ``step`` (module docstring): ``train.weight_decay`` (or ``base``, a group's
+    own at the start) when ``weight_decay_end`` is null, else the cosine from it to ``weight_decay_end``
+    over ``epochs`` x ``steps_per_epoch`` steps, scaled by ``base`` / ``weight_decay``."""
+    start = schedule["weight_decay"]
+    base = start if base is None else base
+    end = schedule.get("weight_decay_end")
+    if end is None or base == 0:
+        return base
+    total = max(1, schedule["epochs"] * steps_per_epoch)
+    value = end + 0.5 * (start - end) * (1.0 + math.cos(math.pi * min(step, total) / total))
+    return value * base / start
+
+
+def set_weight_decay(optimizer: torch.optim.Optimizer, schedule: dict, step: int, steps_per_epoch: int):
+    """Every parameter group's weight decay at ``step`` (``weight_decay_at`` of the group's
+    ``base_weight_decay``); nothing changes when ``weight_decay_end`` is null."""
+    if schedule.get("weight_decay_end") is None:
+        return
+    for group in optimizer.param_groups:
+        base = group.get("base_weight_decay", group["weight_decay"])
+        group["weight_decay"] = weight_decay_at(schedule, step, steps_per_epoch, base)
+
+
 def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
     """``train.fused_optimizer``: auto = fused on CUDA only (the CPU keeps the for-each update: a fused
     one would change the bits of CPU runs); true / false force it."""
@@ -143,8 +179,14 @@ OPTIMIZERS = ("sgd", "adamw", "lars")
 
 def param_groups(params, train: dict) -> list[dict]:
     """The optimiser's groups: each group of ``params`` (or one group of plain tensors) with its
-    options filled in (module docstring) and its ``base_lr`` and starting ``lr``. A group that sets
-    ``base_lr`` itself (the protocols' fine-tune) keeps it."""
+    options filled in (module docstring), its ``base_lr`` and starting ``lr``, and its
+    ``base_weight_decay``. A group that sets ``base_lr`` itself (the protocols' fine-tune) keeps it."""
+    if train.get("weight_decay_end") is not None and train["weight_decay"] == 0:
+        raise ConfigError(
+            f"config key `train.weight_decay_end` = {train['weight_decay_end']}: the weight-decay cosine "
+            "scales each group's own decay by its ratio to `train.weight_decay`, which is 0; set "
+            "`train.weight_decay` > 0 (the schedule's start) or `weight_decay_end: null`"
+        )
     params = list(params)
     groups = [dict(g) for g in params] if params and isinstance(params[0], dict) else [{"params": params}]
     for group in groups:
@@ -153,6 +195,7 @@ def param_groups(params, train: dict) -> list[dict]:
         group.setdefault("fixed_lr", False)
         group.setdefault("exclude_from_lars", False)
         group.setdefault("weight_decay", train["weight_decay"])
+        group.setdefault("base_weight_decay", group["weight_decay"])
         group.setdefault("base_lr", train["lr"] * group["lr_scale"])
         group.setdefault("lr", group["base_lr"])
     return groups
@@ -173,7 +216,10 @@ def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> t
                 "config key `train.optimizer`: adamw has no momentum, but a parameter group sets its own "
                 "`momentum`; use sgd or lars for this method"
             )
-        return torch.optim.AdamW(groups, lr=train["lr"], weight_decay=train["weight_decay"], **fused)
+        betas = tuple(train.get("adam_betas") or (0.9, 0.999))  # null: torch's default
+        return torch.optim.AdamW(
+            groups, lr=train["lr"], betas=betas, weight_decay=train["weight_decay"], **fused
+        )
     if name == "lars":
         return make_lars(groups, train)
     raise ConfigError(

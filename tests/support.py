@@ -24,6 +24,16 @@ METHODS_DIR = REPO / "methods"
 EXERCISER_DIR = REPO / "tests" / "methods" / "exerciser"
 
 
+# A tiny Vision Transformer for the 8-px digits of the tiny suite: 2x2 patches of 4 px, padded where a
+# multi-crop view's side is no multiple of 4.
+TINY_VIT = {
+    "name": "vit_tiny_patch16_224",
+    "args": {"patch_size": 4, "depth": 2, "num_heads": 3, "embed_dim": 48, "dynamic_img_pad": True},
+}
+# Split batch norm needs BatchNorm2d layers: on a ViT these methods run with one split (and refuse more).
+VIT_OVERRIDES = {"moco": {"bn_splits": 1}, "pcl": {"bn_splits": 1}}
+
+
 def contract_folders() -> dict[str, Path]:
     """{name: folder} of every method folder under methods/ and the exerciser."""
     from sslbench.plan.runs import discover_methods

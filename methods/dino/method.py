@@ -1,4 +1,4 @@
-"""DINO, ResNet form (Caron et al., ICCV 2021): self-distillation with no labels, with multi-crop.
+"""DINO (Caron et al., ICCV 2021), ResNet and ViT forms: self-distillation with no labels, with multi-crop.
 
     student = head(backbone); teacher = copy(student), no gradient; c = 0 (the centre)
     for x in loader:
@@ -8,16 +8,21 @@
         loss = mean over (i, v != i) of CE(p_i, softmax(s_v / tau_s))
         c = m c + (1 - m) mean(t)                         # the teacher's mean output (all ranks), m = 0.9
         clip each gradient tensor's norm to clip_grad; drop the last layer's gradient in the first epoch
-        SGD step on the student
+        SGD (ViT: AdamW) step on the student
         teacher = l teacher + (1 - l) student             # the engine's EMA, l cosine from 0.996 to 1
 
 head: MLP (Linear-GELU, x2, Linear to the bottleneck), L2-normalise, weight-normalised linear layer
 without bias (its norms fixed at 1: norm_last_layer). The evaluated encoder is the teacher's backbone,
 as eval_knn.py and eval_linear.py evaluate (--checkpoint_key teacher).
+
+The ViT form is the same method on a timm ViT (the backbone's ``args``: ``drop_path_rate`` 0.1 for the
+student); main_dino.py builds the teacher without drop path, so the teacher copy's DropPath layers are
+set to 0 (stochastic depth only ever drops in the student's forward).
 """
 
 import torch
 import torch.nn.functional as F
+from timm.layers import DropPath
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
@@ -79,6 +84,9 @@ class DINO(Method):
             p["norm_last_layer"],
         )
         self.teacher = frozen_copy([self.backbone, self.head])  # starts as the student, moved by EMA
+        for module in self.teacher.modules():  # main_dino.py: the teacher is built without drop path
+            if isinstance(module, DropPath):
+                module.drop_prob = 0.0
         self.register_buffer("center", torch.zeros(1, p["out_dim"]))
         self.student_temp, self.center_momentum = float(p["student_temp"]), float(p["center_momentum"])
         self.teacher_temps = (float(p["warmup_teacher_temp"]), float(p["teacher_temp"]))

@@ -18,7 +18,7 @@ import torch
 
 from sslbench import distributed as dist
 from sslbench.augment.pipeline import EvalTransform
-from sslbench.backbones import backbone_from_config
+from sslbench.backbones import PIXELS, backbone_from_config, feature_reader
 from sslbench.data import Dataset, channel_conversion, convert_channels, load_data
 from sslbench.distributed import select_device
 from sslbench.errors import unreadable
@@ -27,12 +27,14 @@ from sslbench.provenance import code_record, provenance
 
 
 def load_encoder(checkpoint: dict, image_size: int | None = None) -> torch.nn.Module:
-    """The checkpoint's encoder, for images of ``image_size`` (default: the pretraining size; only the
-    ``pixels`` baseline depends on it)."""
+    """The checkpoint's encoder as its features are read (``backbone.features``), for images of
+    ``image_size`` (default: the pretraining size). Only ``pixels`` is built for that size; a ViT is
+    built as it was trained (its position embeddings) and resamples them for other sizes."""
     cfg, meta = checkpoint["cfg"], checkpoint["meta"]
-    encoder = backbone_from_config(cfg, meta["channels"], image_size or meta["image_size"])
+    size = image_size or meta["image_size"] if cfg["backbone"]["name"] == PIXELS else meta["image_size"]
+    encoder = backbone_from_config(cfg, meta["channels"], size)
     encoder.load_state_dict(checkpoint["encoder"])
-    return encoder
+    return feature_reader(encoder, cfg["backbone"])
 
 
 def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict:

@@ -42,7 +42,7 @@ NOT_TIMM_BACKBONES = ("pixels",)  # sslbench.backbones builds these itself
 
 
 # What a method's `backbone:` may add to the suite's backbone keys (sslbench.backbones).
-METHOD_BACKBONE_KEYS = ("input_filter",)
+METHOD_BACKBONE_KEYS = ("input_filter", "args", "features")
 
 
 def load_config(

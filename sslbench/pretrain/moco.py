@@ -204,6 +204,13 @@ def query_head_and_key_encoder(
     """The version's query head on ``backbone`` and the key encoder, a frozen copy of both. The
     backbone's BatchNorm2d become split BN first (``bn_splits`` sub-batches of each process's share
     of the global ``batch_size``), so that the copy has them too."""
-    use_split_batch_norm(backbone, check_bn_splits(bn_splits, batch_size // dist.world_size()))
+    splits = check_bn_splits(bn_splits, batch_size // dist.world_size())
+    if splits > 1 and not any(isinstance(m, nn.BatchNorm2d) for m in backbone.modules()):
+        raise ConfigError(
+            f"config key `bn_splits` = {splits}: split batch norm (shuffle-BN on one process) needs the "
+            f"backbone's BatchNorm2d layers, and {type(backbone).__name__} has none (a Vision "
+            "Transformer). Set `bn_splits: 1` in method_overrides (or the variant) for this backbone."
+        )
+    use_split_batch_norm(backbone, splits)
     head = moco_head(version, backbone.num_features, dim)
     return head, MomentumEncoder([backbone, head])

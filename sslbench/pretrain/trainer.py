@@ -25,7 +25,14 @@ from sslbench.augment.views import check_view_groups, view_groups
 from sslbench.backbones import backbone_from_config
 from sslbench.data import Dataset, dataset_stats, load_data
 from sslbench.errors import ConfigError
-from sslbench.loop import autocast, check_finite, learning_rate, make_optimizer, set_learning_rate
+from sslbench.loop import (
+    autocast,
+    check_finite,
+    learning_rate,
+    make_optimizer,
+    set_learning_rate,
+    set_weight_decay,
+)
 from sslbench.method import DataInfo, EpochContext, Method, checked_param_groups
 from sslbench.plan.settings import dataset_label
 from sslbench.plugins import load_method_class
@@ -267,9 +274,10 @@ class Trainer:
     def train_step(
         self, views: list[torch.Tensor], idx: torch.Tensor, ctx: EpochContext, batch: int = 0
     ) -> float:
-        """One optimiser step of the method on a batch's views, at the schedule's lr of step
-        ``state.step`` (each group's), then the momentum updates; returns the loss."""
+        """One optimiser step of the method on a batch's views, at the schedule's lr (and weight
+        decay) of step ``state.step`` (each group's), then the momentum updates; returns the loss."""
         set_learning_rate(self.optimizer, self.train_cfg, self.state.step, self.steps_per_epoch)
+        set_weight_decay(self.optimizer, self.train_cfg, self.state.step, self.steps_per_epoch)
         labels = self.labels[idx] if self.method.needs_labels else None
         with self.autocast():
             loss = self.loss_fn(views, labels, idx)

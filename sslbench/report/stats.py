@@ -364,6 +364,17 @@ def reproduce_hint(entry: pd.Series, presets: list[dict]) -> str:
     )
 
 
+def ours_label(rows: pd.DataFrame, method: str, released: pd.Series | None) -> str:
+    """Which of our runs stands beside a paper's number, among ``rows`` (its dataset, protocol, backbone
+    and epochs): the method's base run, else its one trained variant with those settings (a preset's
+    named recipe, ``dino[vit_s16]``); several variants would be ambiguous, none is chosen."""
+    if "method_base" not in rows:
+        return method
+    trained = rows if released is None else rows[~released.reindex(rows.index, fill_value=False)]
+    labels = set(trained.loc[trained["method_base"] == method, "method"])
+    return method if method in labels or len(labels) != 1 else labels.pop()
+
+
 def reproduced_vs_reported(
     table: pd.DataFrame, methods_dir: str | Path, config_dir: str | Path
 ) -> pd.DataFrame:
@@ -392,7 +403,7 @@ def reproduced_vs_reported(
             same &= table["backbone"].astype(str) == str(entry["paper_backbone"])
         if "epochs" in table:
             same &= pd.to_numeric(table["epochs"], errors="coerce") == float(entry["paper_epochs"])
-        ours = table[same & (table["method"] == entry["method"])]
+        ours = table[same & (table["method"] == ours_label(table[same], entry["method"], released_runs))]
         row = entry.to_dict()
         released = (
             table[same & released_runs & (table["method_base"] == entry["method"])]

@@ -18,7 +18,7 @@ import warnings
 
 import pytest
 import torch
-from support import METHODS_DIR, contract_folders, tiny_suite_config
+from support import METHODS_DIR, TINY_VIT, VIT_OVERRIDES, contract_folders, tiny_suite_config
 from torch import nn
 
 from sslbench.errors import ConfigError
@@ -31,10 +31,14 @@ from sslbench.pretrain.trainer import Trainer, pretrain
 
 FOLDERS = contract_folders()
 BATCH = 128  # 10 steps per epoch on the 1,347 digits: seconds per method
+BACKBONES = {"resnet": None, "vit": TINY_VIT}
 
 
-def contract_config(name: str, **overrides) -> dict:
+def contract_config(name: str, backbone: dict | None = None, **overrides) -> dict:
     suite = tiny_suite_config(batch_size=BATCH)
+    if backbone is not None:
+        suite["backbone"] |= copy.deepcopy(backbone)
+        overrides = VIT_OVERRIDES.get(name, {}) | overrides
     if overrides:
         suite["method_overrides"] = {name: overrides}
     return resolve_method_config(suite, FOLDERS[name].parent, name)
@@ -47,15 +51,15 @@ def tensors(path) -> dict[str, torch.Tensor]:
 # --- 1. every method folder -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """{method: (uninterrupted run's folder, resumed run's folder)}: 2 epochs straight, and epoch 2
-    resumed from the uninterrupted run's epoch-1 checkpoint by a fresh Trainer. A method whose runs
-    raise gets its error instead, so that it fails its own tests and no other method's."""
-    root = tmp_path_factory.mktemp("contract")
+@pytest.fixture(scope="module", params=list(BACKBONES))
+def runs(request, tmp_path_factory):
+    """{method: (uninterrupted run's folder, resumed run's folder)} on each backbone: 2 epochs straight,
+    and epoch 2 resumed from the uninterrupted run's epoch-1 checkpoint by a fresh Trainer. A method
+    whose runs raise gets its error instead, so that it fails its own tests and no other method's."""
+    root = tmp_path_factory.mktemp(f"contract_{request.param}")
     done = {}
     for name, folder in FOLDERS.items():
-        cfg = contract_config(name)
+        cfg = contract_config(name, BACKBONES[request.param])
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter(
@@ -104,6 +108,32 @@ def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(name, runs):
     if name != "random":
         rows = (resumed / "train_log.csv").read_text().splitlines()
         assert rows[:2] == (full / "train_log.csv").read_text().splitlines()[:2]  # epoch 1: not redone
+
+
+@pytest.mark.parametrize("name", sorted(VIT_OVERRIDES))
+def test_split_batch_norm_is_refused_on_a_vision_transformer(name, tmp_path):
+    cfg = contract_config(name, TINY_VIT, bn_splits=4)
+    with pytest.raises(ConfigError, match=r"`bn_splits` = 4: split batch norm .* has none .*`bn_splits: 1`"):
+        Trainer(FOLDERS[name], cfg, 0, tmp_path, progress=False)
+
+
+def test_multi_crop_through_one_vit_equals_separate_forwards():
+    """Views of two sizes through one ViT (one batch per size, position embeddings resampled): the class
+    tokens of separate forwards, view by view."""
+    from sslbench.backbones import create_backbone
+
+    torch.manual_seed(0)
+    vit = create_backbone(TINY_VIT["name"], in_chans=1, image_size=8, **TINY_VIT["args"]).eval()
+    views = [
+        torch.randn(3, 1, 8, 8),
+        torch.randn(3, 1, 8, 8),
+        torch.randn(3, 1, 4, 4),
+        torch.randn(3, 1, 6, 6),
+    ]
+    together = embed_crops(vit, views)
+    for view, out in zip(views, together):
+        assert torch.allclose(out, vit(view), atol=1e-6)
+    assert together[0].shape == (3, vit.num_features)
 
 
 # --- 2. each piece through a real Trainer ------------------------------------------------------

@@ -162,3 +162,49 @@ def test_gradient_clipping_caps_each_tensor_s_norm_and_leaves_small_ones(digits)
 def test_a_one_layer_head_is_a_config_error(digits):
     with pytest.raises(ConfigError, match="methods/dino/config.yaml: num_layers"):
         build_dino(digits, num_layers=1)
+
+
+# --- the ViT form -------------------------------------------------------------------------------------------
+
+
+def test_on_a_vit_the_student_drops_paths_and_the_teacher_none(digits):
+    """main_dino.py: the student ViT with --drop_path_rate 0.1, the teacher built without drop path; and
+    utils.get_params_groups decays the class token, position embedding and patch projection (ndim > 1)."""
+    import timm
+    from timm.layers import DropPath
+
+    from sslbench.method import DataInfo
+    from sslbench.plugins import load_method_class
+
+    torch.manual_seed(0)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224",
+        img_size=16,
+        patch_size=4,
+        depth=2,
+        num_heads=3,
+        embed_dim=48,
+        num_classes=0,
+        drop_path_rate=0.5,
+        dynamic_img_size=True,
+    )
+    info = DataInfo(num_classes=10, num_train=64, channels=3, image_size=16, batch_size=8, epochs=1)
+    method = load_method_class(METHODS_DIR / "dino")(vit, info, dino_config())
+    student = [m.drop_prob for m in method.backbone.modules() if isinstance(m, DropPath)]
+    teacher = [m.drop_prob for m in method.teacher.modules() if isinstance(m, DropPath)]
+    # timm spaces the rates over the blocks: block 0 of 2 has none, block 1 rate 0.5 (two DropPath layers)
+    assert student == pytest.approx([0.5, 0.5]) and teacher == [0.0, 0.0]
+    method.train()
+    x = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(method.teacher(x), method.teacher(x))  # train mode, yet deterministic
+    torch.manual_seed(1)
+    first = method.backbone(x)
+    assert not torch.equal(first, method.backbone(x))  # the student's paths are dropped at random
+    views = [x, x.flip(-1), torch.randn(8, 3, 8, 8)]  # 2 global crops and a local one (dynamic_img_size)
+    method.training_loss(views, None, torch.arange(8)).backward()
+    decayed, excluded = method.param_groups()
+    names = {id(p): n for n, p in method.named_parameters()}
+    assert {"backbone.cls_token", "backbone.pos_embed", "backbone.patch_embed.proj.weight"} <= {
+        names[id(p)] for p in decayed["params"]
+    }
+    assert excluded["weight_decay"] == 0.0 and all(p.ndim <= 1 for p in excluded["params"])

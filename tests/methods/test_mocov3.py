@@ -112,3 +112,84 @@ def test_views_are_byol_s_pair_with_crop_min_0_2(tmp_path, method_config):
     first, second = (group.config for group in trainer.view_groups)
     assert (first.blur_p, first.solarise_p, second.blur_p, second.solarise_p) == (1.0, 0.0, 0.1, 0.2)
     assert first.crop_scale == second.crop_scale == (0.2, 1.0)  # --crop-min .2 in every R50 command
+
+
+# --- the ViT form (moco/builder.py MoCo_ViT, vits.py, main_moco.py's AdamW) -------------------------------
+
+
+def tiny_vit(**kwargs):
+    import timm
+
+    return timm.create_model(
+        "vit_tiny_patch16_224",
+        img_size=16,
+        patch_size=4,
+        depth=2,
+        num_heads=3,
+        embed_dim=48,
+        num_classes=0,
+        **kwargs,
+    )
+
+
+def vit_mocov3(method_config, **params):
+    """methods/mocov3 on a tiny timm ViT (3-channel 16-px images), with these settings."""
+    from sslbench.method import DataInfo
+    from sslbench.plugins import load_method_class
+
+    torch.manual_seed(0)
+    info = DataInfo(num_classes=10, num_train=64, channels=3, image_size=16, batch_size=8, epochs=1)
+    cfg = method_config("mocov3", mlp_dim=32, dim=16, **params)
+    return load_method_class(METHODS_DIR / "mocov3")(tiny_vit(), info, cfg)
+
+
+VIT_FORM = {"proj_layers": 3, "pred_last_bn": True, "exclude_bias_and_norm": False, "stop_grad_conv1": True}
+
+
+def test_stop_grad_conv1_freezes_exactly_the_vit_s_patch_projection(method_config):
+    from sslbench.loop import make_optimizer
+    from sslbench.method import checked_param_groups
+    from sslbench.pretrain.momentum import checked_momentum_pairs
+
+    method = vit_mocov3(method_config, **VIT_FORM)
+    frozen = {n for n, p in method.named_parameters() if not p.requires_grad and "momentum_encoder" not in n}
+    assert frozen == {"backbone.patch_embed.proj.weight", "backbone.patch_embed.proj.bias"}
+    unfrozen = {n for n, p in vit_mocov3(method_config).named_parameters() if not p.requires_grad}
+    assert all(n.startswith("momentum_encoder") for n in unfrozen)  # the default (false) freezes nothing
+    checked_momentum_pairs(method.momentum_pairs())  # the key encoder pairs every parameter, frozen or not
+    # main_moco.py's AdamW(model.parameters(), weight_decay=.1): one group, every trainable tensor decayed
+    groups = checked_param_groups(method)
+    assert len(groups) == 1 and len(groups[0]["params"]) == sum(p.requires_grad for p in method.parameters())
+    train = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.1}
+    optimizer = make_optimizer(groups, train)
+    projection = method.backbone.patch_embed.proj
+    before = {n: p.detach().clone() for n, p in method.backbone.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    views = [torch.randn(8, 3, 16, 16, generator=g) for _ in range(2)]
+    method.training_loss(views, None, torch.arange(8)).backward()
+    assert projection.weight.grad is None and projection.bias.grad is None
+    optimizer.step()
+    after = dict(method.backbone.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert moved == set(before) - {"patch_embed.proj.weight", "patch_embed.proj.bias"}  # norms and biases too
+
+
+def test_the_vit_form_s_heads_are_moco_vit_s_mlps(method_config):
+    method = vit_mocov3(method_config, **VIT_FORM)
+    assert [type(m) for m in method.projector] == [nn.Linear, nn.BatchNorm1d, nn.ReLU] * 2 + [
+        nn.Linear,
+        nn.BatchNorm1d,
+    ]  # _build_mlp(3, 48, 32, 16)
+    predictor = [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear, nn.BatchNorm1d]
+    assert [type(m) for m in method.predictor] == predictor
+    assert not method.projector[-1].affine and not method.predictor[-1].affine  # last_bn: BN without affine
+    linears = [m for mlp in (method.projector, method.predictor) for m in mlp if isinstance(m, nn.Linear)]
+    sizes = [(48, 32), (32, 32), (32, 16), (16, 32), (32, 16)]
+    assert [(m.in_features, m.out_features) for m in linears] == sizes
+
+
+def test_stop_grad_conv1_on_a_resnet_is_a_config_error_naming_the_setting(build):
+    from sslbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stop_grad_conv1.*patch_embed.proj.*test_resnet"):
+        build("mocov3", stop_grad_conv1=True)

@@ -265,7 +265,7 @@ def test_a_method_setting_of_the_wrong_type_or_out_of_its_range_is_named(tmp_pat
         ({"linear": {"lr": 3.0}}, ["unknown key `evaluation.linear.lr`"]),  # mode paper's, not cached's
         (
             {"linear": {"mode": "papr"}},
-            ["`evaluation.linear.mode`", "'papr' is not one of ['cached', 'paper']"],
+            ["`evaluation.linear.mode`", "'papr' is not one of ['cached', 'mae', 'paper']"],
         ),
     ],
 )

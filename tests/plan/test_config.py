@@ -376,3 +376,85 @@ def test_presets_with_a_recipe_inherit_none_of_the_short_defaults_settings(prese
         if method in methods and key not in dotted_keys(overrides.get(method) or {})
     ]
     assert not missing, f"config/{preset}.yaml inherits the default's short-run value of {missing}"
+
+
+# The ViT-S/16 variants beside the ResNet recipes: each official ViT command, read back from the plan.
+VIT_EPOCHS = {"imagenet": 300, "imagenet100": 200}  # the commands' 300; ImageNet-100's preset length
+
+
+def planned_vit_run(preset: str, method: str) -> dict:
+    config = preset_config(preset)
+    plan = plan_runs(config, METHODS_DIR, [method], check_files=False)
+    return plan.runs[preset, f"{method}[vit_s16]"]
+
+
+@pytest.mark.parametrize("preset", sorted(VIT_EPOCHS))
+def test_dino_s_vit_s16_variant_is_main_dino_s_boosted_command(preset):
+    run = planned_vit_run(preset, "dino")
+    train, params, backbone = run["train"], run["params"], run["backbone"]
+    assert backbone["name"] == "vit_small_patch16_224"
+    assert backbone["args"] == {"patch_size": 16, "drop_path_rate": 0.1}  # --drop_path_rate (the student's)
+    assert (train["optimizer"], train["epochs"]) == ("adamw", VIT_EPOCHS[preset])
+    assert train["lr"] == pytest.approx(0.0005 * train["batch_size"] / 256)  # --lr 0.0005 x B / 256
+    assert (train["weight_decay"], train["weight_decay_end"]) == (0.04, 0.4)  # the cosine wd schedule
+    assert (train["warmup_epochs"], train["warmup_ramp"], train["schedule"]) == (10, "linspace", "cosine")
+    teacher = (params["warmup_teacher_temp"], params["teacher_temp"], params["warmup_teacher_temp_epochs"])
+    assert teacher == (0.04, 0.07, 30)  # the README's --teacher_temp 0.07 --warmup_teacher_temp_epochs 30
+    official = {
+        "out_dim": 65536,
+        "hidden_dim": 2048,
+        "bottleneck_dim": 256,
+        "num_layers": 3,
+        "use_bn_in_head": False,
+        "norm_last_layer": False,  # --norm_last_layer false
+        "clip_grad": 3.0,
+        "freeze_last_layer": 1,
+        "student_temp": 0.1,
+        "center_momentum": 0.9,
+        "momentum_schedule": "cosine",
+    }
+    assert {k: params[k] for k in official} == official
+    assert params["momentum"] == 0.9995 and train["batch_size"] == 256  # the help text's value at batch 256
+    crops = [(c["count"], c["size"], c["crop_scale"]) for c in run["augment"]["crops"]]
+    # 2 x 224 px and 8 x 96 px
+    assert crops == [(1, 1.0, [0.4, 1.0]), (1, 1.0, [0.4, 1.0]), (8, 0.43, [0.05, 0.4])]
+    base = plan_runs(preset_config(preset), METHODS_DIR, ["dino"], check_files=False).runs[preset, "dino"]
+    assert (base["backbone"]["name"], base["train"]["optimizer"]) == ("resnet50", "sgd")  # the ResNet run
+
+
+@pytest.mark.parametrize("preset", sorted(VIT_EPOCHS))
+def test_mocov3_s_vit_s16_variant_is_config_md_s_vit_small_command(preset):
+    run = planned_vit_run(preset, "mocov3")
+    train, params, backbone = run["train"], run["params"], run["backbone"]
+    assert backbone["name"] == "vit_small_patch16_224"
+    assert backbone["args"]["num_heads"] == 12  # vits.py vit_small: 12 heads (timm's ViT-S: 6)
+    assert (train["optimizer"], train["epochs"]) == ("adamw", VIT_EPOCHS[preset])
+    assert train["lr"] == pytest.approx(1.5e-4 * train["batch_size"] / 256)  # --lr=1.5e-4 x B / 256
+    assert (train["weight_decay"], train["weight_decay_end"]) == (0.1, None)  # constant --weight-decay=.1
+    assert (train["warmup_epochs"], train["warmup_ramp"], train["schedule"]) == (40, "linear", "cosine")
+    assert params == {
+        "dim": 256,
+        "mlp_dim": 4096,
+        "proj_layers": 3,
+        "pred_last_bn": True,
+        "exclude_bias_and_norm": False,  # AdamW(model.parameters()): every parameter decayed
+        "stop_grad_conv1": True,
+        "temperature": 0.2,
+        "momentum": 0.99,
+        "momentum_schedule": "cosine",  # --moco-m-cos
+    }
+    assert [v["crop_scale"] for v in run["augment"]] == [[0.08, 1.0], [0.08, 1.0]]  # --crop-min 0.08
+    assert [v["preset"] for v in run["augment"]] == ["byol_view1", "byol_view2"]
+
+
+def test_the_imagenet_vit_variants_match_a_paper_yaml_row_by_backbone_and_epochs():
+    from sslbench.plan.paper import paper_entries
+
+    for method, protocols in (("dino", {"linear", "knn"}), ("mocov3", {"linear"})):
+        run = planned_vit_run("imagenet", method)
+        rows = [
+            e
+            for e in paper_entries(METHODS_DIR / method / "paper.yaml")
+            if (e["backbone"], e["epochs"]) == (run["backbone"]["name"], run["train"]["epochs"])
+        ]
+        assert {e["protocol"] for e in rows} == protocols, method

@@ -17,6 +17,7 @@ from sslbench.loop import (
     learning_rate,
     make_optimizer,
     set_learning_rate,
+    set_weight_decay,
     shuffled_batches,
     warmup_steps,
 )
@@ -274,3 +275,77 @@ def test_lars_refuses_a_decayed_excluded_group_and_a_fused_update():
         make_optimizer([p], {**lars, "fused_optimizer": True})
     with pytest.raises(ConfigError, match="known: sgd, adamw, lars"):
         make_optimizer([p], {**lars, "optimizer": "lamb"})
+
+
+# --- the weight-decay schedule (train.weight_decay_end) ------------------------------------------
+
+
+def dino_cosine(base: float, final: float, epochs: int, niter_per_ep: int) -> np.ndarray:
+    """facebookresearch/dino utils.cosine_scheduler without warm-up, as main_dino.py builds wd_schedule."""
+    iters = np.arange(epochs * niter_per_ep)
+    return final + 0.5 * (base - final) * (1 + np.cos(np.pi * iters / len(iters)))
+
+
+def wd_net_groups():
+    """exclude_bias_and_norm's two groups of a small net, then a group with its own weight decay 0.08."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    own = torch.nn.Parameter(torch.randn(2, 2))
+    return [*exclude_bias_and_norm(net), {"params": [own], "weight_decay": 0.08}]
+
+
+def test_the_weight_decay_schedule_moves_every_decayed_group_on_dino_s_cosine_and_no_excluded_one():
+    train = sgd_settings(optimizer="adamw", lr=0.01, weight_decay=0.04, weight_decay_end=0.4, epochs=4)
+    groups = wd_net_groups()
+    optimizer = make_optimizer(groups, train)
+    expected = dino_cosine(0.04, 0.4, 4, 5)  # 4 epochs of 5 steps
+    for k in (0, 10, 19):  # the first step, halfway, the last
+        set_weight_decay(optimizer, train, k, 5)
+        got = [g["weight_decay"] for g in optimizer.param_groups]
+        # train's group on the cosine, biases and norms stay at 0, the own group at its ratio 0.08 / 0.04
+        assert got == pytest.approx([expected[k], 0.0, 2 * expected[k]], rel=1e-12, abs=0), k
+    assert (expected[0], expected[10]) == pytest.approx((0.04, 0.22)) and 0.39 < expected[19] < 0.4
+    # AdamW applies the step's value: with zero gradients a tensor only decays, w <- w (1 - lr wd)
+    before = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    after = [p.detach() for g in optimizer.param_groups for p in g["params"]]
+    # the tensors in group order: 2 weights, then 2 biases and the LayerNorm's 2, then the own group's
+    factors = [1 - 0.01 * expected[19]] * 2 + [1.0] * 4 + [1 - 0.01 * 2 * expected[19]]
+    for old, new, factor in zip(before, after, factors):
+        torch.testing.assert_close(new, old * factor, rtol=1e-6, atol=0)
+
+
+def test_a_resumed_optimiser_keeps_the_schedule_s_start_and_null_keeps_the_decay_constant():
+    train = sgd_settings(optimizer="sgd", weight_decay=0.04, weight_decay_end=0.4, epochs=4)
+    optimizer = make_optimizer(wd_net_groups(), train)
+    set_weight_decay(optimizer, train, 12, 5)
+    resumed = make_optimizer(wd_net_groups(), train)
+    resumed.load_state_dict(optimizer.state_dict())  # the checkpoint's groups, at step 12's decay
+    set_weight_decay(resumed, train, 13, 5)
+    expected = dino_cosine(0.04, 0.4, 4, 5)[13]
+    assert [g["weight_decay"] for g in resumed.param_groups] == pytest.approx([expected, 0.0, 2 * expected])
+    constant = {**train, "weight_decay_end": None}
+    optimizer = make_optimizer(wd_net_groups(), constant)
+    set_weight_decay(optimizer, constant, 12, 5)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.04, 0.0, 0.08]
+    with pytest.raises(ConfigError, match="train.weight_decay_end"):  # no start to scale the groups by
+        make_optimizer(wd_net_groups(), {**train, "weight_decay": 0.0})
+
+
+def test_the_trainer_sets_the_scheduled_weight_decay_before_each_step(tmp_path, method_config):
+    from sslbench.pretrain.trainer import Trainer
+
+    cfg = method_config("dino", train={"weight_decay": 0.04, "weight_decay_end": 0.4, "epochs": 2})
+    trainer = Trainer(METHODS_DIR / "dino", cfg, 0, tmp_path, device="cpu", progress=False)
+    expected = dino_cosine(0.04, 0.4, 2, trainer.steps_per_epoch)
+    g = torch.Generator().manual_seed(0)
+    for k in (0, len(expected) - 1):
+        trainer.state.step = k
+        idx = torch.randperm(len(trainer.labels), generator=g)[: trainer.batch_size]
+        views = trainer.make_views(trainer.data.train.images[idx], g)
+        trainer.train_step(views, idx, trainer.epoch_context())
+        weights, excluded = trainer.optimizer.param_groups  # utils.get_params_groups: regularized, not
+        assert (weights["weight_decay"], excluded["weight_decay"]) == (pytest.approx(expected[k]), 0.0)

@@ -397,6 +397,21 @@ def test_paper_yaml_entry_without_a_key_is_named(dirs):
         reproduced_vs_reported(long_table({"moco": [0.7]}), methods, config)
 
 
+def test_a_named_variant_with_the_papers_settings_stands_beside_its_number(dirs):
+    """A preset's ViT recipe runs as a variant (``moco[vit]``): with the paper's backbone and epochs it is
+    ours; beside a second such variant, neither is (which would it be?)."""
+    methods, config = dirs
+    rows = lambda label, values: long_table({label: values}, protocol="linear", metric="top1").assign(
+        method_base="moco", backbone="test_resnet", epochs=200
+    )
+    variant = rows("moco[vit]", [0.6, 0.64])
+    sweep = long_table({"moco[queue_size=16]": [0.1]}, dataset="stl10").assign(method_base="moco")
+    out = reproduced_vs_reported(pd.concat([variant, sweep]), methods, config).iloc[0]
+    assert math.isclose(out["ours"], 0.62) and out["n"] == 2
+    two = reproduced_vs_reported(pd.concat([variant, rows("moco[other]", [0.3])]), methods, config).iloc[0]
+    assert two["n"] == 0 and math.isnan(two["ours"])
+
+
 def test_paper_yaml_of_a_method_without_results_is_not_read(dirs):
     """A broken folder skipped with --keep-going has no rows: its paper.yaml cannot stop the report."""
     methods, config = dirs
