@@ -162,6 +162,17 @@ def cmd_bench(args) -> None:
     )
 
 
+def run_arguments(parser, writes: str) -> None:
+    """What a job that makes a run's checkpoint takes (pretrain, import)."""
+    parser.add_argument(
+        "--config-json", required=True, type=json_argument, help="the run's resolved settings (JSON)"
+    )
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--out", required=True, help=f"run folder: {writes}")
+    parser.add_argument("--features-out", default=None, help="also write the pretraining set's features here")
+    prepared_argument(parser, "the pretraining set's")
+
+
 def prepared_argument(parser, whose: str, note: str = "") -> None:
     parser.add_argument(
         "--prepared",
@@ -189,23 +200,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("pretrain", help="train one method with one seed")
     p.add_argument("--method-dir", required=True)
-    p.add_argument(
-        "--config-json", required=True, type=json_argument, help="the resolved method config (JSON)"
-    )
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--out", required=True, help="run folder: checkpoint.pt, train_log.csv, run.json")
-    p.add_argument("--features-out", default=None, help="also write the pretraining set's features here")
-    prepared_argument(p, "the pretraining set's")
+    run_arguments(p, "checkpoint.pt, train_log.csv, run.json")
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("import", help="released weights as a run's checkpoint (no training)")
-    p.add_argument(
-        "--config-json", required=True, type=json_argument, help="the released run's resolved settings"
-    )
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--out", required=True, help="run folder: checkpoint.pt, run.json")
-    p.add_argument("--features-out", default=None, help="also write the pretraining set's features here")
-    prepared_argument(p, "the pretraining set's")
+    run_arguments(p, "checkpoint.pt, run.json")
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("export", help="a trained checkpoint written as an official release's file")

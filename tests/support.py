@@ -30,6 +30,24 @@ TINY_VIT = {
     "name": "vit_tiny_patch16_224",
     "args": {"patch_size": 4, "depth": 2, "num_heads": 3, "embed_dim": 48, "dynamic_img_pad": True},
 }
+
+
+def tiny_vit(**kwargs):
+    """A tiny timm ViT for 16-px inputs: 4 x 4 patches of 4 px, 2 blocks of 48-d."""
+    import timm
+
+    return timm.create_model(
+        "vit_tiny_patch16_224",
+        img_size=16,
+        patch_size=4,
+        depth=2,
+        num_heads=3,
+        embed_dim=48,
+        num_classes=0,
+        **kwargs,
+    )
+
+
 # Split batch norm needs BatchNorm2d layers: on a ViT these methods run with one split (and refuse more).
 VIT_OVERRIDES = {"moco": {"bn_splits": 1}, "pcl": {"bn_splits": 1}}
 

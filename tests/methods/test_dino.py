@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, random_views, tiny_suite_config
+from support import METHODS_DIR, random_views, tiny_suite_config, tiny_vit
 
 from sslbench.errors import ConfigError
 from sslbench.method import EpochContext
@@ -170,24 +170,13 @@ def test_a_one_layer_head_is_a_config_error(digits):
 def test_on_a_vit_the_student_drops_paths_and_the_teacher_none(digits):
     """main_dino.py: the student ViT with --drop_path_rate 0.1, the teacher built without drop path; and
     utils.get_params_groups decays the class token, position embedding and patch projection (ndim > 1)."""
-    import timm
     from timm.layers import DropPath
 
     from sslbench.method import DataInfo
     from sslbench.plugins import load_method_class
 
     torch.manual_seed(0)
-    vit = timm.create_model(
-        "vit_tiny_patch16_224",
-        img_size=16,
-        patch_size=4,
-        depth=2,
-        num_heads=3,
-        embed_dim=48,
-        num_classes=0,
-        drop_path_rate=0.5,
-        dynamic_img_size=True,
-    )
+    vit = tiny_vit(drop_path_rate=0.5, dynamic_img_size=True)
     info = DataInfo(num_classes=10, num_train=64, channels=3, image_size=16, batch_size=8, epochs=1)
     method = load_method_class(METHODS_DIR / "dino")(vit, info, dino_config())
     student = [m.drop_prob for m in method.backbone.modules() if isinstance(m, DropPath)]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, random_views
+from support import METHODS_DIR, random_views, tiny_vit
 from torch import nn
 
 from sslbench.losses import batch_info_nce
@@ -115,21 +115,6 @@ def test_views_are_byol_s_pair_with_crop_min_0_2(tmp_path, method_config):
 
 
 # --- the ViT form (moco/builder.py MoCo_ViT, vits.py, main_moco.py's AdamW) -------------------------------
-
-
-def tiny_vit(**kwargs):
-    import timm
-
-    return timm.create_model(
-        "vit_tiny_patch16_224",
-        img_size=16,
-        patch_size=4,
-        depth=2,
-        num_heads=3,
-        embed_dim=48,
-        num_classes=0,
-        **kwargs,
-    )
 
 
 def vit_mocov3(method_config, **params):
