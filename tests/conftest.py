@@ -4,8 +4,15 @@ import copy
 import os
 
 import pytest
-import torch
-from support import METHODS_DIR, required_components, tiny_suite_config
+
+from sslbench import kernels
+
+# The CPU kernels every job runs (sslbench.kernels), pinned before torch loads here too: a test that
+# compares this process with a job it starts (torchrun, the CLI) compares the same kernels.
+kernels.pin()
+
+import torch  # noqa: E402
+from support import METHODS_DIR, required_components, tiny_suite_config  # noqa: E402
 
 torch.set_num_threads(1)  # tests share 2 cores; keep each process on one
 # Tests call the CLI in this process and expect it to run there: no warm server (tests/workflow/test_warm.py
