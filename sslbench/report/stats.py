@@ -329,7 +329,7 @@ def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str
                 "epochs": resolved["train"].get("epochs"),
             }
             for (pretrain, label), resolved in plan.runs.items()
-            if label == method
+            if resolved["method_base"] == method and "released" not in resolved  # a named recipe too
         ]
     return out
 
