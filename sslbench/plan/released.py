@@ -49,30 +49,27 @@ def check_entry(name: str, entry: dict, config: dict, methods_dir: str | Path) -
         raise ConfigError(f"{key('format')}: unknown format {entry['format']!r}; known: {', '.join(FORMATS)}")
 
 
-def file_digest(path: Path, remembered: dict) -> str:
-    """The file's sha256, from ``remembered`` while its size and mtime are unchanged."""
-    from sslbench.provenance import sha256_file
+def file_digest(path: Path, remembered: dict, kind: str = "sha256") -> str:
+    """The file's ``kind`` digest, from ``remembered`` while its size and mtime are unchanged: a plan
+    reads a released file only when it changes."""
+    import hashlib
 
     stat = path.stat()
-    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}" + ("" if kind == "sha256" else f":{kind}")
     if key not in remembered:
-        remembered[key] = sha256_file(path)
+        with open(path, "rb") as f:  # in blocks: a release can be hundreds of megabytes
+            remembered[key] = hashlib.file_digest(f, kind).hexdigest()
     return remembered[key]
 
 
-def check_published(name: str, entry: dict, digest: str, path: Path) -> None:
+def check_published(name: str, entry: dict, path: Path, remembered: dict) -> None:
     """The file's digest starts with the published one (repositories publish prefixes: MoCo's md5,
     torchvision's sha256); md5 is computed only when an entry gives one."""
-    for kind, published in (("sha256", entry.get("sha256")), ("md5", entry.get("md5"))):
+    for kind in ("sha256", "md5"):
+        published = entry.get(kind)
         if not published:
             continue
-        if kind == "md5":
-            import hashlib
-
-            with open(path, "rb") as f:
-                actual = hashlib.file_digest(f, "md5").hexdigest()
-        else:
-            actual = digest
+        actual = file_digest(path, remembered, kind)
         if not actual.startswith(published.lower()):
             raise ConfigError(
                 f"config key `released.{name}.{kind}`: {path} has {kind} {actual}, not the published "
@@ -110,7 +107,7 @@ def released_runs(
                 skipped[label] = why
                 continue
             digest = file_digest(path, remembered)
-            check_published(name, entry, digest, path)
+            check_published(name, entry, path, remembered)
         dataset = entry["dataset"]
         runs[dataset, label] = {
             "method": label,

@@ -8,6 +8,7 @@ code stops the run before anything is loaded.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -24,22 +25,25 @@ class CheckpointMismatch(SslbenchError, ValueError):
     """An epoch checkpoint written by other method code than the one running (its keys or shapes differ)."""
 
 
-def state_differences(expected: dict, found: dict) -> list[str]:
-    """How the state dict `found` differs from `expected` in keys and shapes (empty: it loads)."""
+def key_differences(expected: Mapping, found: Mapping) -> tuple[list, list, list]:
+    """(keys ``found`` lacks, keys it has beyond ``expected``, (key, found shape, expected shape) of the
+    keys both have with other shapes): what keeps one state dict from loading into another's place."""
+    shape = lambda value: tuple(getattr(value, "shape", ()))
     missing = [k for k in expected if k not in found]
     unexpected = [k for k in found if k not in expected]
-    shape = lambda value: tuple(getattr(value, "shape", ()))
-    shapes = [
-        f"{k} {shape(found[k])} instead of {shape(expected[k])}"
-        for k in expected
-        if k in found and shape(found[k]) != shape(expected[k])
-    ]
+    shapes = [(k, shape(found[k]), shape(expected[k])) for k in expected if k in found]
+    return missing, unexpected, [(k, a, b) for k, a, b in shapes if a != b]
+
+
+def state_differences(expected: dict, found: dict) -> list[str]:
+    """How the state dict `found` differs from `expected` in keys and shapes (empty: it loads)."""
+    missing, unexpected, shapes = key_differences(expected, found)
     return [
         f"{what}: {', '.join(keys)}"
         for what, keys in [
             ("keys the code has and the checkpoint lacks", missing),
             ("keys the checkpoint has and the code lacks", unexpected),
-            ("shapes that differ", shapes),
+            ("shapes that differ", [f"{k} {a} instead of {b}" for k, a, b in shapes]),
         ]
         if keys
     ]

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sslbench.pretrain.checkpoints import key_differences, save_final
 from sslbench.weightfiles import FORMATS, Format, ReleasedWeightsError, get_format
 
 BATCHES_TRACKED = "num_batches_tracked"
@@ -204,14 +205,9 @@ def fitting_formats(missing: list[str], unexpected: list[str]) -> list[str]:
 
 def mismatch_message(backbone: nn.Module, state: Mapping, path, format: str | None) -> str | None:
     """What keeps ``state`` from loading strictly into ``backbone`` (None: it loads)."""
-    expected = backbone.state_dict()
-    missing = [k for k in expected if k not in state and not k.endswith(BATCHES_TRACKED)]
-    unexpected = [k for k in state if k not in expected]
-    shapes = [
-        f"{k} {tuple(state[k].shape)} in the file, {tuple(expected[k].shape)} in the backbone"
-        for k in expected
-        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
-    ]
+    missing, unexpected, shapes = key_differences(backbone.state_dict(), state)
+    missing = [k for k in missing if not k.endswith(BATCHES_TRACKED)]  # filled in by load_backbone
+    shapes = [f"{k} {a} in the file, {b} in the backbone" for k, a, b in shapes]
     if not (missing or unexpected or shapes):
         return None
     problems = [
@@ -262,7 +258,6 @@ def import_released(cfg: dict, seed: int, out_dir: str | Path, prepared: str | P
     from sslbench.backbones import backbone_from_config
     from sslbench.data import dataset_stats, load_data
     from sslbench.plan.settings import dataset_label
-    from sslbench.pretrain.checkpoints import save_final
     from sslbench.provenance import code_record, provenance, sha256_file
 
     info = cfg["released"]
