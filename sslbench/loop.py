@@ -1,8 +1,8 @@
 """The pieces of a training loop, shared by the engine (pretraining), the paper-mode linear probe
-and the semi-supervised fine-tune, so that each is written once:
+and the fine-tuning protocols, so that each is written once:
 
 - shuffled_batches:  one epoch's index batches in a random order
-- learning_rate:     the schedule (linear warm-up, then cosine, x0.1 steps or constant) at a step
+- learning_rate:     the schedule (linear warm-up, then cosine to min_lr, x0.1 steps or constant) at a step
 - set_learning_rate: every parameter group's lr at a step (its own base, or fixed)
 - weight_decay_at:   the weight-decay schedule (constant, or cosine to ``weight_decay_end``) at a step
 - set_weight_decay:  every decaying parameter group's weight decay at a step (called beside the lr's)
@@ -100,12 +100,14 @@ def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
 
 
 def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float | None = None) -> float:
-    """Linear warm-up (``warmup_ramp``: see the module docstring), then cosine to zero, x0.1 steps at
-    milestones, or constant.
+    """Linear warm-up (``warmup_ramp``: see the module docstring), then cosine to zero (or to
+    ``min_lr``), x0.1 steps at milestones, or constant.
 
     ``schedule`` holds ``lr``, ``epochs``, ``schedule`` and optionally ``warmup_epochs`` (with
-    ``warmup_ramp``) and ``milestones`` (the ``train`` section's keys); ``base`` replaces ``lr`` (a
-    parameter group's own).
+    ``warmup_ramp``), ``milestones`` (the ``train`` section's keys) and ``min_lr``; ``base`` replaces
+    ``lr`` (a parameter group's own). The cosine ends at ``min_lr`` x base / lr: a group at x times the
+    lr ends at x times ``min_lr``, as MAE's util/lr_sched.py scales the whole curve by a group's
+    ``lr_scale``.
     """
     base = schedule["lr"] if base is None else base
     epoch = step / steps_per_epoch
@@ -123,7 +125,8 @@ def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float |
     kind = schedule["schedule"]
     if kind == "cosine":
         progress = (epoch - warmup) / max(1e-12, schedule["epochs"] - warmup)
-        return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        floor = schedule.get("min_lr", 0.0) * base / schedule["lr"] if schedule["lr"] else 0.0
+        return floor + (base - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     if kind == "step":
         return base * 0.1 ** sum(epoch >= m for m in schedule.get("milestones", []))
     if kind == "constant":
@@ -363,11 +366,14 @@ def fit_classifier(
     device: torch.device,
     diverged: Callable[[float, int], str],
     min_batch: int = 1,
+    batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> None:
     """``schedule["epochs"]`` passes of cross-entropy over ``images`` (an ImageSet): each batch's
     views (``augment``) go through ``forward`` to logits, then one optimiser step with the lr of
     ``schedule`` at that step. ``generators`` are (data order, views); ``diverged(loss, epoch)``
-    is the message of the TrainingDiverged raised when the loss is not finite."""
+    is the message of the TrainingDiverged raised when the loss is not finite. ``batch_transform``
+    takes (views, labels) to (views, targets), where targets may be class probabilities (mixup,
+    label smoothing): cross-entropy takes either."""
     order, views = generators
     labels = images.labels.to(device)
     steps_per_epoch = batch_count(len(images), batch_size, min_batch)
@@ -375,8 +381,10 @@ def fit_classifier(
     for epoch in range(schedule["epochs"]):
         for idx in shuffled_batches(len(images), batch_size, order, min_batch):
             set_learning_rate(optimizer, schedule, step, steps_per_epoch)
-            logits = forward(augment(images.load(idx).to(device), views))
-            loss = F.cross_entropy(logits, labels[idx.to(device)])
+            x, targets = augment(images.load(idx).to(device), views), labels[idx.to(device)]
+            if batch_transform is not None:
+                x, targets = batch_transform(x, targets)
+            loss = F.cross_entropy(forward(x), targets)
             check_finite(loss, diverged, epoch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

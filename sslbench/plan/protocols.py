@@ -21,11 +21,37 @@ MAP_PROTOCOLS = ("clustering",)
 
 PROTOCOL_PACKAGE = "evaluation"  # evaluation/<protocol>.py
 
+# Keys of `evaluation.<protocol>` that the DAG reads, not the protocol: what it evaluates (`targets`, the
+# datasets; `methods`, the runs, by method folder or run label), checked by the schema and the plan.
+DAG_KEYS = ("targets", "methods")
+
 
 # Besides the DEFAULTS, what the planner reads of a protocol module, each True where its jobs read a file
 # besides the cached features, or the list of the modes that do: READS_IMAGES, the target's images (its
 # prepared file); NEEDS_CHECKPOINT, the run's checkpoint. Only then is that file an input of the job.
 PLANNING_LITERALS = ("READS_IMAGES", "NEEDS_CHECKPOINT")
+
+
+def protocol_names() -> list[str]:
+    """The protocols there are: the modules evaluation/<name>.py with a DEFAULTS (a new file is a new
+    protocol; common.py and the like hold shared code)."""
+    from sslbench.provenance import module_file
+
+    folder = module_file(PROTOCOL_PACKAGE).parent
+    return sorted(
+        path.stem
+        for path in folder.glob("*.py")
+        if "DEFAULTS" in module_literals(str(path), path.read_text())
+    )
+
+
+def with_protocols(schema: dict) -> dict:
+    """config/schema.yaml with the protocol names filled in: `protocols` items and `evaluation` keys."""
+    names, schema = protocol_names(), copy.deepcopy(schema)
+    schema["properties"]["protocols"]["items"] = {"enum": names}
+    evaluation = schema["properties"]["evaluation"]["properties"]
+    evaluation.update({name: {"$ref": "#/$defs/protocol"} for name in names})
+    return schema
 
 
 def protocol_defaults(protocol: str) -> dict[str, dict]:
@@ -93,7 +119,7 @@ def protocol_problems(protocol: str, section: dict, sources: list[tuple[str, dic
     modes = {d["mode"]: d for d in literals.values() if "mode" in d}
     mode = section.get("mode", defaults.get("mode"))
     own = modes.get(mode, {}) if isinstance(mode, str) else {}
-    rules = {**defaults, **own, "targets": None}  # targets: the DAG's, checked by the schema
+    rules = {**defaults, **own, **dict.fromkeys(DAG_KEYS)}  # the DAG's, checked by the schema
     problems = []
     for key, value in section.items():
         path = ["evaluation", protocol, key]
@@ -113,9 +139,9 @@ def protocol_problems(protocol: str, section: dict, sources: list[tuple[str, dic
 
 
 def protocol_settings(config: dict, protocol: str) -> dict:
-    """A protocol's settings as the protocol takes them (`targets` is the DAG's, not the protocol's)."""
+    """A protocol's settings as the protocol takes them (DAG_KEYS are the DAG's, not the protocol's)."""
     section = config["evaluation"].get(protocol, {}) or {}
-    return {k: copy.deepcopy(v) for k, v in section.items() if k != "targets"}
+    return {k: copy.deepcopy(v) for k, v in section.items() if k not in DAG_KEYS}
 
 
 def maps_argument(protocol: str, seed: int | str, seeds: list[int]) -> str:

@@ -35,6 +35,14 @@ class Plan:
     # label: its PREPARED_FILE, for each dataset the plan loads that is held in memory
     prepared: dict[str, str] = field(default_factory=dict)
     skipped_runs: dict[str, str] = field(default_factory=dict)  # released run (label): why it is left out
+    # protocol: the method folders and run labels it evaluates (`evaluation.<protocol>.methods`); absent: all
+    evaluated: dict[str, list[str]] = field(default_factory=dict)
+
+    def evaluates(self, protocol: str, pretrain: str, method: str) -> bool:
+        """Whether ``protocol`` evaluates the run (pretrain, method label): its label or its method
+        folder is in the protocol's `methods`, or the protocol has none."""
+        chosen = self.evaluated.get(protocol)
+        return chosen is None or bool({method, self.runs[pretrain, method]["method_base"]} & set(chosen))
 
     def result_files(self, seeds: Iterable[int]) -> list[str]:
         """Every result JSON the plan asks for."""
@@ -43,7 +51,7 @@ class Plan:
             for (p, m) in self.runs
             for s in seeds
             for (p2, protocol), targets in self.targets.items()
-            if p2 == p
+            if p2 == p and self.evaluates(protocol, p, m)
             for t in targets
         ]
 
@@ -142,13 +150,44 @@ def plan_runs(
             f"methods to train, or put the released files in place{why}"
         )
     check_slugs(slugs)
+    evaluated, unevaluated = evaluated_methods(config, methods_dir, runs, sources)
+    warnings += unevaluated
     plan_datasets = {k: without_plan_keys(v) for k, v in datasets.items()}
     prepared = {
         label: PREPARED_FILE.format(dataset=label)
         for label in sorted(used)
         if datasets[label]["name"] not in LAZY_DATASETS
     }
-    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings, prepared, skipped_runs)
+    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings, prepared, skipped_runs, evaluated)
+
+
+def evaluated_methods(
+    config: dict, methods_dir: str | Path, runs: dict, sources: Sequence[tuple[str, dict]]
+) -> tuple[dict[str, list[str]], list[str]]:
+    """({protocol: its `evaluation.<protocol>.methods`}, warnings). Each name is a method folder or a
+    run label (``simclr[hot]``); one whose folder does not exist is an error, one this plan does not
+    run is a warning (a preset's choice may name methods another plan leaves out)."""
+    planned = {label for _, label in runs} | {run["method_base"] for run in runs.values()}
+    chosen, warnings = {}, []
+    for protocol in config["protocols"]:
+        names = (config["evaluation"].get(protocol) or {}).get("methods")
+        if names is None:
+            continue
+        key = ["evaluation", protocol, "methods"]
+        unknown = [n for n in names if not (Path(methods_dir) / re.split(r"[\[ ]", n)[0]).is_dir()]
+        if unknown:
+            raise ConfigError(
+                f"config key `{dotted(key)}`{set_in(key, sources)}: {unknown} names no method folder; the "
+                f"folders under {methods_dir} are {list_method_folders(methods_dir)}. Fix the name."
+            )
+        warnings += [
+            f"config key `{dotted(key)}`{set_in(key, sources)}: {name} is no run of this plan, so "
+            f"{protocol} evaluates nothing of it"
+            for name in names
+            if name not in planned
+        ]
+        chosen[protocol] = list(names)
+    return chosen, warnings
 
 
 def check_method_sections(

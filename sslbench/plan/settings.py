@@ -26,7 +26,7 @@ from sslbench.plan.checks import (
     type_schema,
     validator_class,
 )
-from sslbench.plan.protocols import protocol_problems
+from sslbench.plan.protocols import protocol_problems, with_protocols
 
 # Keys a method's config.yaml may use besides its own hyperparameters.
 METHOD_SECTIONS = ("train", "augment", "backbone")
@@ -95,7 +95,7 @@ def validate_config(config: dict, schema_path: str | Path, sources: list[tuple[s
             "under `datasets:` ({<label>: {name: ..., image_size: ...}}) and the ones to train on listed in "
             "`pretrain: [<label>]` (see config/default.yaml); evaluation targets are `evaluation.targets`."
         )
-    schema = load_yaml(schema_path)
+    schema = with_protocols(load_yaml(schema_path))
     validator = schema_validator(schema)
     problems = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):

@@ -41,6 +41,7 @@ HEADLINE = [
     ("low-shot mAP k=8", "lowshot_svm", "map_k8_mean"),
     ("semi-sup 1% top-1", "semisup", "top1_1pct"),
     ("semi-sup 10% top-1", "semisup", "top1_10pct"),
+    ("fine-tune top-1", "finetune", "top1"),
     ("AMI", "clustering", "ami"),
 ]
 TOP1 = HEADLINE[:2]  # kNN and linear top-1: the methods × targets matrices' and the ablations' metrics
@@ -324,7 +325,11 @@ def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str
             {
                 "preset": f"{config_dir.name}/{path.name}",
                 "pretrain_dataset": pretrain,
-                "targets": {protocol: plan.targets[pretrain, protocol] for protocol in cfg["protocols"]},
+                "targets": {
+                    protocol: plan.targets[pretrain, protocol]
+                    for protocol in cfg["protocols"]
+                    if plan.evaluates(protocol, pretrain, label)
+                },
                 "backbone": resolved["backbone"].get("name"),
                 "epochs": resolved["train"].get("epochs"),
             }

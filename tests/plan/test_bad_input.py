@@ -45,7 +45,7 @@ def snakemake(cwd, *args: str) -> subprocess.CompletedProcess:
         ({"dataset": {"name": "digits"}}, "datasets are now registered by label under `datasets:`"),
         ({"pretrain": []}, "`pretrain`"),
         ({"datasets": {"my digits": {"name": "digits"}}}, "`datasets`"),
-        ({"protocols": ["knn", "svm"]}, "'svm' is not one of ['knn'"),
+        ({"protocols": ["knn", "svm"]}, "'svm' is not one of ['clustering', 'finetune', 'knn', 'linear'"),
         ({"sedes": [0]}, "unknown key `sedes`"),
     ],
 )
@@ -259,7 +259,7 @@ def test_a_method_setting_of_the_wrong_type_or_out_of_its_range_is_named(tmp_pat
 @pytest.mark.parametrize(
     "section, words",
     [
-        ({"knn": {"kk": 5}}, ["unknown key `evaluation.knn.kk`", "['targets', 'variants']"]),
+        ({"knn": {"kk": 5}}, ["unknown key `evaluation.knn.kk`", "['methods', 'targets', 'variants']"]),
         ({"knn": {"variants": [{"k": "x", "temperature": 0.1}]}}, ["`evaluation.knn.variants.0.k`", "'x'"]),
         ({"linear": {"val_fraction": "x"}}, ["`evaluation.linear.val_fraction`", "not of type 'number'"]),
         ({"linear": {"lr": 3.0}}, ["unknown key `evaluation.linear.lr`"]),  # mode paper's, not cached's
@@ -281,7 +281,7 @@ def test_a_modes_own_protocol_settings_are_known_in_that_mode(tmp_path):
     load_config(CONFIG_DIR, [path])
 
 
-@pytest.mark.parametrize("protocol", ["knn", "linear", "lowshot_svm", "semisup", "clustering"])
+@pytest.mark.parametrize("protocol", ["knn", "linear", "lowshot_svm", "semisup", "finetune", "clustering"])
 def test_the_planner_reads_each_protocols_own_defaults(protocol):
     import importlib
 

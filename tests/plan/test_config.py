@@ -458,3 +458,33 @@ def test_the_imagenet_vit_variants_match_a_paper_yaml_row_by_backbone_and_epochs
             if (e["backbone"], e["epochs"]) == (run["backbone"]["name"], run["train"]["epochs"])
         ]
         assert {e["protocol"] for e in rows} == protocols, method
+
+
+# `evaluation.<protocol>.methods`: the runs a protocol evaluates (every run when absent).
+def planned_results(**evaluation) -> dict[str, set[str]]:
+    config = tiny_suite_config()
+    config.update(methods=["simclr", "mae", "random"], protocols=["knn", "finetune"])
+    config["variants"] = {"simclr": [{"name": "hot", "temperature": 1.0}]}
+    config["evaluation"] |= evaluation
+    plan = plan_runs(config, METHODS_DIR, config["methods"], check_files=False)
+    folders = {slug: label for label, slug in plan.slugs.items()}
+    found = {"knn": set(), "finetune": set()}
+    for path in plan.result_files([0]):
+        parts = path.split("/")
+        found[parts[-1].removesuffix(".json")].add(folders[parts[2]])
+    return found
+
+
+def test_a_protocols_methods_choose_the_runs_it_evaluates_by_folder_or_label():
+    runs = {"simclr", "simclr[hot]", "mae", "random"}
+    assert planned_results() == {"knn": runs, "finetune": runs}
+    by_folder = planned_results(finetune={"methods": ["simclr"]})
+    assert by_folder == {"knn": runs, "finetune": {"simclr", "simclr[hot]"}}  # a folder: its variants too
+    by_label = planned_results(finetune={"methods": ["mae", "simclr[hot]"]})
+    assert by_label == {"knn": runs, "finetune": {"mae", "simclr[hot]"}}
+
+
+def test_a_protocols_methods_naming_no_method_folder_is_an_error():
+    with pytest.raises(ConfigError, match=r"evaluation.finetune.methods.*\['maee', 'dno\[x\]'\] names no method folder"):
+        planned_results(finetune={"methods": ["mae", "maee", "dno[x]"]})
+    assert planned_results(finetune={"methods": ["mae", "dino"]})["finetune"] == {"mae"}  # dino: not planned

@@ -30,6 +30,8 @@ def workflow(tmp_path_factory):
     # the settings; here the DAG is what is checked)
     cfg["evaluation"]["semisup"] |= {"epochs": {"1pct": 4, "10pct": 2}, "lr_grid": [0.01, 0.03]}
     cfg["evaluation"]["lowshot_svm"] |= {"ks": [1, 4], "num_draws": 2, "cost_grid": [0.1, 1.0, 10.0]}
+    cfg["protocols"].append("finetune")  # not in the default: MAE's fine-tuning on every label
+    cfg["evaluation"]["finetune"] = {"epochs": 1, "batch_size": 64, "warmup_epochs": 0.5}
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     run = snakemake(root, "--cores", "2")  # the default target: the report, via the table
     assert run.returncode == 0, run.stdout + run.stderr
@@ -240,10 +242,10 @@ def planned_inputs(root: Path, cfg: dict) -> dict[tuple, list[str]]:
 def test_a_prepared_file_or_checkpoint_is_an_input_of_exactly_the_jobs_that_read_it(tmp_path):
     """One prepare job per dataset held in memory that the plan loads; its file is an input of the
     pretrain job (the pretraining set), each extraction (its target) and the protocols that load
-    images (semisup, linear in mode paper), never of those on the cached features alone (a new
-    prepared file must not rerun them). A folder dataset decodes lazily: it has none. The run's
+    images (semisup, finetune, linear in mode paper), never of those on the cached features alone (a
+    new prepared file must not rerun them). A folder dataset decodes lazily: it has none. The run's
     checkpoint is an input of each extraction and of the protocols whose module sets NEEDS_CHECKPOINT
-    (semisup, linear), never of kNN, which a new checkpoint reaches through its features."""
+    (semisup, finetune, linear), never of kNN, which a new checkpoint reaches through its features."""
     root = tmp_path / "wf"
     root.mkdir()
     copy_workflow(root)
@@ -255,23 +257,24 @@ def test_a_prepared_file_or_checkpoint_is_an_input_of_exactly_the_jobs_that_read
         "places": {"name": "imagefolder", "root": str(tmp_path / "places"), "image_size": 8},
     }
     targets = ["pretrain", "digits6", "places"]
-    cfg.update(methods=["random"], protocols=["knn", "linear", "semisup"])
+    protocols = ["knn", "linear", "semisup", "finetune"]
+    cfg.update(methods=["random"], protocols=protocols)
     cfg["evaluation"]["targets"] = targets
     cfg["evaluation"]["semisup"]["targets"] = targets
     prepared = {label: [f"results/prepared/{label}.npz"] for label in ("digits", "digits6")}
     checkpoint = ["results/digits/random/seed0/checkpoint.pt"]
-    for mode, image_protocols in (("cached", {"semisup"}), ("paper", {"semisup", "linear"})):
+    for mode, image_protocols in (("cached", {"semisup", "finetune"}), ("paper", {"semisup", "finetune", "linear"})):
         cfg["evaluation"]["linear"] = {"mode": mode}
         planned = planned_inputs(root, cfg)
         for key, inputs in planned.items():
-            reads = key[0] == "extract" or key[0] == "evaluate" and key[-1] in ("linear", "semisup")
+            reads = key[0] == "extract" or key[0] == "evaluate" and key[-1] in ("linear", "semisup", "finetune")
             assert [i for i in inputs if i.endswith("/checkpoint.pt")] == (checkpoint if reads else []), key
         jobs = {k: [i for i in v if i.startswith("results/prepared/")] for k, v in planned.items()}
         expected = {("prepare", label): [] for label in prepared}
         expected["pretrain", "digits"] = prepared["digits"]
         expected |= {("extract", "digits", t): prepared.get(t, []) for t in ("digits6", "places")}
         for target in ("digits", "digits6", "places"):
-            for protocol in ("knn", "linear", "semisup"):
+            for protocol in protocols:
                 reads = protocol in image_protocols
                 expected["evaluate", "digits", target, protocol] = prepared.get(target, []) if reads else []
         assert {k: v for k, v in jobs.items() if k[0] != "collect"} == expected, mode
