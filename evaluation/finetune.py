@@ -147,7 +147,9 @@ def layer_id(name: str, num_layers: int) -> int:
     return num_layers
 
 
-def layer_decay_groups(backbone: nn.Module, head: nn.Module, weight_decay: float, layer_decay: float) -> list[dict]:
+def layer_decay_groups(
+    backbone: nn.Module, head: nn.Module, weight_decay: float, layer_decay: float
+) -> list[dict]:
     """AdamW's parameter groups (util/lr_decay.py param_groups_lrd): one per (layer, decayed or not),
     each with its ``lr_scale`` = layer_decay ** (L - layer) and weight decay (0 for 1-D parameters and
     the backbone's ``no_weight_decay()`` names). A network that is not a ViT is one layer, scale 1."""
@@ -185,8 +187,8 @@ def batch_transform(used: dict, num_classes: int, device: torch.device):
     """(views, labels) -> (erased and mixed views, soft targets): timm's RandomErasing on each view,
     then timm's Mixup on the batch (or label smoothing alone when mixup and cutmix are off)."""
     from timm.data import Mixup
-    from timm.data.random_erasing import RandomErasing
     from timm.data.mixup import mixup_target
+    from timm.data.random_erasing import RandomErasing
 
     erase = RandomErasing(used["random_erasing"], mode="pixel", max_count=1, device=device)
     mixing = used["mixup"] > 0 or used["cutmix"] > 0
@@ -221,7 +223,9 @@ def seed_global_generators(seed: int) -> None:
 # --- the protocol ------------------------------------------------------------------------------
 
 
-def finetune(ckpt: dict, data: Dataset, used: dict, seed: int, device: torch.device) -> tuple[nn.Module, dict]:
+def finetune(
+    ckpt: dict, data: Dataset, used: dict, seed: int, device: torch.device
+) -> tuple[nn.Module, dict]:
     """(backbone + head trained end to end on the whole train split, what the optimiser used)."""
     seed_global_generators(seed)
     backbone = backbone_for_finetuning(ckpt, data.image_size, used["drop_path"], used["pool"])
@@ -275,7 +279,12 @@ def finetune(ckpt: dict, data: Dataset, used: dict, seed: int, device: torch.dev
     record = {
         "view_config": dataclasses.asdict(views),
         "param_groups": [
-            {"layer": g["layer"], "lr_scale": g["lr_scale"], "weight_decay": g["weight_decay"], "params": len(g["names"])}
+            {
+                "layer": g["layer"],
+                "lr_scale": g["lr_scale"],
+                "weight_decay": g["weight_decay"],
+                "params": len(g["names"]),
+            }
             for g in groups
         ],
     }
@@ -300,7 +309,9 @@ def check_settings(used: dict, train_size: int) -> None:
 def run_finetune(ckpt: dict, data: Dataset, settings: dict, seed: int) -> tuple[dict[str, float], dict]:
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if data.multilabel:
-        raise ProtocolError(f"finetune: {data.name} is multilabel; fine-tuning here needs one class per image")
+        raise ProtocolError(
+            f"finetune: {data.name} is multilabel; fine-tuning here needs one class per image"
+        )
     check_settings(used, len(data.train))
     device = select_device(used["device"])
     model, record = finetune(ckpt, data, used, seed, device)

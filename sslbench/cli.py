@@ -240,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="leave out what only the report's figures use (clustering's t-SNE): seeds it does not draw",
     )
-    prepared_argument(p, "the target's", ", for the protocols that load images (semisup, finetune, linear modes paper and mae)")
+    prepared_argument(
+        p,
+        "the target's",
+        ", for the protocols that load images (semisup, finetune, linear modes paper and mae)",
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("collect", help="result JSONs -> long-format table.csv")

@@ -21,7 +21,9 @@ CHANCE_MARGIN = 0.1 + 4.5 * math.sqrt(0.1 * 0.9 / 450)  # 450 test digits, 10 cl
 
 def checkpoint_of(method, tmp_path_factory):
     cfg = resolve_method_config(tiny_suite_config(), METHODS_DIR, method)
-    return pretrain(METHODS_DIR / method, cfg, 0, tmp_path_factory.mktemp(method), device="cpu", progress=False)
+    return pretrain(
+        METHODS_DIR / method, cfg, 0, tmp_path_factory.mktemp(method), device="cpu", progress=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +50,18 @@ def test_layer_decay_gives_each_vit_parameter_maes_scale_and_weight_decay():
     vit, head, d = tiny_vit(global_pool="avg"), nn.Linear(48, 10), 0.5
     got = scales_and_decays(finetune.layer_decay_groups(vit, head, 0.05, d))
     named = dict(vit.named_parameters())
-    expected_layer = {"cls_token": 0, "pos_embed": 0, "patch_embed.proj.weight": 0, "patch_embed.proj.bias": 0,
-                      "blocks.0.attn.qkv.weight": 1, "blocks.0.norm1.bias": 1, "blocks.1.mlp.fc2.weight": 2,
-                      "blocks.1.norm2.weight": 2, "fc_norm.weight": 3, "fc_norm.bias": 3}
+    expected_layer = {
+        "cls_token": 0,
+        "pos_embed": 0,
+        "patch_embed.proj.weight": 0,
+        "patch_embed.proj.bias": 0,
+        "blocks.0.attn.qkv.weight": 1,
+        "blocks.0.norm1.bias": 1,
+        "blocks.1.mlp.fc2.weight": 2,
+        "blocks.1.norm2.weight": 2,
+        "fc_norm.weight": 3,
+        "fc_norm.bias": 3,
+    }
     for name, layer in expected_layer.items():
         decayed = named[name].ndim > 1 and name not in ("cls_token", "pos_embed")
         assert got[id(named[name])] == (d ** (3 - layer), 0.05 if decayed else 0.0), name
@@ -83,16 +94,28 @@ def test_a_network_without_blocks_takes_the_lr_everywhere():
 def test_the_cosine_ends_at_min_lr_times_the_groups_scale_as_maes_lr_sched(scale):
     """util/lr_sched.py adjust_learning_rate times the group's lr_scale, at every step of the run."""
     lr, min_lr, warmup, epochs, per_epoch = 2e-3, 1e-4, 2, 10, 7
-    schedule = {"lr": lr, "min_lr": min_lr, "epochs": epochs, "warmup_epochs": warmup,
-                "warmup_ramp": "linear", "schedule": "cosine"}
+    schedule = {
+        "lr": lr,
+        "min_lr": min_lr,
+        "epochs": epochs,
+        "warmup_epochs": warmup,
+        "warmup_ramp": "linear",
+        "schedule": "cosine",
+    }
     for step in range(epochs * per_epoch + 1):
         epoch = step / per_epoch
         if epoch < warmup:
             official = lr * epoch / warmup
         else:
-            official = min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * (epoch - warmup) / (epochs - warmup)))
-        assert learning_rate(schedule, step, per_epoch, base=lr * scale) == pytest.approx(official * scale, rel=1e-12)
-    assert learning_rate(schedule, epochs * per_epoch, per_epoch, base=lr * scale) == pytest.approx(min_lr * scale)
+            official = min_lr + (lr - min_lr) * 0.5 * (
+                1 + math.cos(math.pi * (epoch - warmup) / (epochs - warmup))
+            )
+        assert learning_rate(schedule, step, per_epoch, base=lr * scale) == pytest.approx(
+            official * scale, rel=1e-12
+        )
+    assert learning_rate(schedule, epochs * per_epoch, per_epoch, base=lr * scale) == pytest.approx(
+        min_lr * scale
+    )
 
 
 # --- the model and the targets -----------------------------------------------------------------
@@ -126,7 +149,9 @@ def settings(**changes):
 
 def test_without_mixing_the_targets_are_label_smoothed_one_hots():
     x, y = batch()
-    out, targets = finetune.batch_transform(settings(mixup=0.0, cutmix=0.0, random_erasing=0.0), 4, "cpu")(x.clone(), y)
+    out, targets = finetune.batch_transform(settings(mixup=0.0, cutmix=0.0, random_erasing=0.0), 4, "cpu")(
+        x.clone(), y
+    )
     assert torch.equal(out, x)
     expected = torch.full((8, 4), 0.1 / 4)
     expected[torch.arange(8), y] = 1 - 0.1 + 0.1 / 4
@@ -136,9 +161,9 @@ def test_without_mixing_the_targets_are_label_smoothed_one_hots():
 def test_mixup_mixes_each_image_with_the_reversed_batch_and_the_targets_alike():
     x, y = batch()
     finetune.seed_global_generators(0)
-    out, targets = finetune.batch_transform(settings(cutmix=0.0, random_erasing=0.0, label_smoothing=0.0), 4, "cpu")(
-        x.clone(), y
-    )
+    out, targets = finetune.batch_transform(
+        settings(cutmix=0.0, random_erasing=0.0, label_smoothing=0.0), 4, "cpu"
+    )(x.clone(), y)
     lam = float(targets[0, y[0]]) if y[0] != y[-1] else None
     assert lam is not None and 0 < lam < 1
     assert torch.allclose(out, lam * x + (1 - lam) * x.flip(0), atol=1e-6)
@@ -149,9 +174,9 @@ def test_mixup_mixes_each_image_with_the_reversed_batch_and_the_targets_alike():
 def test_cutmix_pastes_one_box_whose_area_is_one_minus_lambda():
     x, y = batch()
     finetune.seed_global_generators(1)
-    out, targets = finetune.batch_transform(settings(mixup=0.0, random_erasing=0.0, label_smoothing=0.0), 4, "cpu")(
-        x.clone(), y
-    )
+    out, targets = finetune.batch_transform(
+        settings(mixup=0.0, random_erasing=0.0, label_smoothing=0.0), 4, "cpu"
+    )(x.clone(), y)
     pasted = (out != x).any(1)  # [n, h, w]: where an image took its partner's pixels
     assert torch.equal(out[pasted.unsqueeze(1)], x.flip(0)[pasted.unsqueeze(1)])
     lam = float(targets[0, y[0]])
@@ -161,7 +186,9 @@ def test_cutmix_pastes_one_box_whose_area_is_one_minus_lambda():
 def test_random_erasing_fills_one_box_per_erased_image_with_noise():
     x, y = batch(n=64)
     finetune.seed_global_generators(2)
-    erased = finetune.batch_transform(settings(mixup=0.0, cutmix=0.0, random_erasing=1.0), 4, "cpu")(x.clone(), y)[0]
+    erased = finetune.batch_transform(settings(mixup=0.0, cutmix=0.0, random_erasing=1.0), 4, "cpu")(
+        x.clone(), y
+    )[0]
     changed = (erased != x).any(1)
     assert changed.flatten(1).any(1).all()  # probability 1: every image
     for mask in changed:  # one axis-aligned rectangle each
@@ -208,7 +235,8 @@ def test_layer_decay_moves_the_embeddings_less_than_the_last_block(mae_checkpoin
 
 
 @pytest.mark.parametrize(
-    ("change", "message"), [({"batch_size": 63}, "even"), ({"batch_size": 4096}, "larger than the train split")]
+    ("change", "message"),
+    [({"batch_size": 63}, "even"), ({"batch_size": 4096}, "larger than the train split")],
 )
 def test_a_batch_mixup_cannot_pair_is_refused(mae_checkpoint, change, message):
     with pytest.raises(ProtocolError, match=message):

@@ -485,6 +485,8 @@ def test_a_protocols_methods_choose_the_runs_it_evaluates_by_folder_or_label():
 
 
 def test_a_protocols_methods_naming_no_method_folder_is_an_error():
-    with pytest.raises(ConfigError, match=r"evaluation.finetune.methods.*\['maee', 'dno\[x\]'\] names no method folder"):
+    with pytest.raises(
+        ConfigError, match=r"evaluation.finetune.methods.*\['maee', 'dno\[x\]'\] names no method folder"
+    ):
         planned_results(finetune={"methods": ["mae", "maee", "dno[x]"]})
     assert planned_results(finetune={"methods": ["mae", "dino"]})["finetune"] == {"mae"}  # dino: not planned

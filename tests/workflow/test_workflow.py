@@ -263,11 +263,16 @@ def test_a_prepared_file_or_checkpoint_is_an_input_of_exactly_the_jobs_that_read
     cfg["evaluation"]["semisup"]["targets"] = targets
     prepared = {label: [f"results/prepared/{label}.npz"] for label in ("digits", "digits6")}
     checkpoint = ["results/digits/random/seed0/checkpoint.pt"]
-    for mode, image_protocols in (("cached", {"semisup", "finetune"}), ("paper", {"semisup", "finetune", "linear"})):
+    for mode, image_protocols in (
+        ("cached", {"semisup", "finetune"}),
+        ("paper", {"semisup", "finetune", "linear"}),
+    ):
         cfg["evaluation"]["linear"] = {"mode": mode}
         planned = planned_inputs(root, cfg)
         for key, inputs in planned.items():
-            reads = key[0] == "extract" or key[0] == "evaluate" and key[-1] in ("linear", "semisup", "finetune")
+            reads = (
+                key[0] == "extract" or key[0] == "evaluate" and key[-1] in ("linear", "semisup", "finetune")
+            )
             assert [i for i in inputs if i.endswith("/checkpoint.pt")] == (checkpoint if reads else []), key
         jobs = {k: [i for i in v if i.startswith("results/prepared/")] for k, v in planned.items()}
         expected = {("prepare", label): [] for label in prepared}
