@@ -121,6 +121,20 @@ def topk_accuracy(scores: np.ndarray, labels: np.ndarray, ks=(1, 5)) -> dict[int
     return {k: float(hits[:, :k].any(axis=1).mean()) for k in ks}
 
 
+def checkpoint_and_images(doing: str, checkpoint_path, features_meta: dict | None, prepared=None):
+    """(checkpoint, the target's Dataset) for a protocol that trains on images (``doing`` says how, for
+    the error when no checkpoint is given): the target its features were extracted from, read from its
+    prepared file where one is given. Imports torch: call it only from such a protocol's code."""
+    if checkpoint_path is None:
+        raise ProtocolError(
+            f"{doing} and needs the checkpoint: pass checkpoint_path (`sslbench evaluate --checkpoint ...`)"
+        )
+    from sslbench.extract.features import evaluation_data, read_checkpoint
+
+    ckpt = read_checkpoint(checkpoint_path, "cpu")
+    return ckpt, evaluation_data(ckpt, features_meta, prepared)
+
+
 def seed_for(*parts: int) -> int:
     """A 31-bit seed derived from several integers (run seed, draw, restart, ...)."""
     return int(

@@ -55,10 +55,9 @@ from sslbench.augment.presets import view_config
 from sslbench.backbones import PIXELS, backbone_from_config, is_vit
 from sslbench.data import Dataset
 from sslbench.distributed import select_device
-from sslbench.extract.features import evaluation_data, read_checkpoint
 from sslbench.loop import fit_classifier, make_optimizer
 
-from .common import ProtocolError, check_metrics, resolve_settings, seed_for
+from .common import ProtocolError, check_metrics, checkpoint_and_images, resolve_settings, seed_for
 from .semisup import scores
 
 PROTOCOL = "finetune"
@@ -169,14 +168,12 @@ def layer_decay_groups(
             (layer, decay),
             {
                 "params": [],
-                "names": [],
                 "layer": layer,
                 "lr_scale": layer_decay ** (num_layers - layer),
                 "weight_decay": weight_decay if decay else 0.0,
             },
         )
         group["params"].append(param)
-        group["names"].append(("" if in_backbone else "head.") + name)
     return list(groups.values())
 
 
@@ -243,7 +240,7 @@ def finetune(
         "weight_decay": used["weight_decay"],
         "adam_betas": used["adam_betas"],
     }
-    optimiser = make_optimizer([{k: v for k, v in g.items() if k != "names"} for g in groups], train, device)
+    optimiser = make_optimizer(groups, train, device)
     norm = ckpt["normalisation"]
     views = view_config(**used["augment"])
     augment = ViewAugment(data.image_size, data.channels, norm["mean"], norm["std"], views).to(device)
@@ -283,7 +280,7 @@ def finetune(
                 "layer": g["layer"],
                 "lr_scale": g["lr_scale"],
                 "weight_decay": g["weight_decay"],
-                "params": len(g["names"]),
+                "params": len(g["params"]),
             }
             for g in groups
         ],
@@ -335,12 +332,8 @@ def evaluate(
 ) -> tuple[dict[str, float], dict]:
     """The protocol entry: `features` name the target (its images are fine-tuned on); ``prepared``:
     the target's prepared file, read instead of the dataset's own files."""
-    if checkpoint_path is None:
-        raise ProtocolError(
-            "finetune trains the backbone and needs the checkpoint: pass checkpoint_path "
-            "(`sslbench evaluate --checkpoint ...`)"
-        )
-    resolve_settings(settings, DEFAULTS, PROTOCOL)  # unknown keys fail before anything is loaded
-    ckpt = read_checkpoint(checkpoint_path, "cpu")
-    data = evaluation_data(ckpt, (features or {}).get("meta"), prepared)
+    if checkpoint_path is not None:  # unknown keys fail before anything is loaded (none: that error first)
+        resolve_settings(settings, DEFAULTS, PROTOCOL)
+    meta = (features or {}).get("meta")
+    ckpt, data = checkpoint_and_images("finetune trains the backbone", checkpoint_path, meta, prepared)
     return run_finetune(ckpt, data, settings, seed)

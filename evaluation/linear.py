@@ -49,7 +49,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy, unpack_features
+from .common import (
+    ProtocolError,
+    check_metrics,
+    checkpoint_and_images,
+    resolve_settings,
+    seed_for,
+    topk_accuracy,
+    unpack_features,
+)
 
 if TYPE_CHECKING:  # annotations only
     import torch
@@ -399,18 +407,13 @@ def evaluate_paper(
     from sslbench.augment.pipeline import EvalTransform, ViewAugment
     from sslbench.augment.presets import view_config
     from sslbench.distributed import select_device
-    from sslbench.extract.features import embed, evaluation_data, load_encoder, read_checkpoint
+    from sslbench.extract.features import embed, load_encoder
 
     used, ignored = resolve_paper_settings(settings)
     mode = used["mode"]
-    if checkpoint_path is None:
-        raise ProtocolError(
-            f"linear: mode {mode!r} trains on images through the frozen backbone and needs the "
-            "checkpoint: pass checkpoint_path (`sslbench evaluate --checkpoint ...`)"
-        )
+    doing = f"linear: mode {mode!r} trains on images through the frozen backbone"
+    ckpt, data = checkpoint_and_images(doing, checkpoint_path, features_meta, prepared)
     device = select_device(used["device"] or "auto")
-    ckpt = read_checkpoint(checkpoint_path, "cpu")
-    data = evaluation_data(ckpt, features_meta, prepared)
     if data.multilabel:
         raise ProtocolError(
             f"linear ({mode}): {data.name} is multilabel; this protocol needs one class per image"

@@ -46,10 +46,17 @@ from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import view_config
 from sslbench.data import Dataset, ImageSet
 from sslbench.distributed import select_device
-from sslbench.extract.features import embed, evaluation_data, load_encoder, read_checkpoint
+from sslbench.extract.features import embed, load_encoder
 from sslbench.loop import TrainingDiverged, fit_classifier, make_optimizer
 
-from .common import ProtocolError, check_metrics, resolve_settings, seed_for, topk_accuracy
+from .common import (
+    ProtocolError,
+    check_metrics,
+    checkpoint_and_images,
+    resolve_settings,
+    seed_for,
+    topk_accuracy,
+)
 from .linear import new_head, stratified_holdout
 
 PROTOCOL = "semisup"
@@ -369,14 +376,10 @@ def evaluate(
     """The protocol entry: `features` name the target and are cross-checked (the images are fine-tuned
     on); the subset files go to ``result_dir/semisup_subsets`` (default: the checkpoint's ``eval/``).
     ``prepared``: the target's prepared file, read instead of the dataset's own files."""
-    if checkpoint_path is None:
-        raise ProtocolError(
-            "semisup fine-tunes the backbone and needs the checkpoint: pass checkpoint_path "
-            "(`sslbench evaluate --checkpoint ...`)"
-        )
-    resolve_settings(settings, DEFAULTS, PROTOCOL)  # unknown keys fail before anything is loaded
-    ckpt = read_checkpoint(checkpoint_path, "cpu")
-    data = evaluation_data(ckpt, (features or {}).get("meta"), prepared)
+    if checkpoint_path is not None:  # unknown keys fail before anything is loaded (none: that error first)
+        resolve_settings(settings, DEFAULTS, PROTOCOL)
+    meta = (features or {}).get("meta")
+    ckpt, data = checkpoint_and_images("semisup fine-tunes the backbone", checkpoint_path, meta, prepared)
     if features is not None and int(features["num_classes"]) != data.num_classes:
         raise ProtocolError(
             f"semisup: the features have {features['num_classes']} classes but their dataset "

@@ -21,12 +21,12 @@ from sslbench.errors import DEBUG_VARIABLE
 from sslbench.evaluate import run_protocol
 from sslbench.extract.featurefile import load_features, save_features
 from sslbench.extract.features import evaluation_data, extract, read_checkpoint
-from sslbench.plan.protocols import MULTILABEL_PROTOCOLS, protocol_reads_images
+from sslbench.plan.protocols import MULTILABEL_PROTOCOLS, protocol_names, protocol_reads_images
 from sslbench.plan.settings import resolve_method_config
 from sslbench.pretrain.trainer import pretrain
 
 SIZE = 8
-PROTOCOLS = ["knn", "linear", "lowshot_svm", "clustering", "semisup"]
+PROTOCOLS = protocol_names()  # every module of evaluation/
 PLACES = ["bakery", "canyon", "harbor"]
 
 
@@ -291,8 +291,7 @@ def test_the_protocols_given_the_prepared_file_are_those_that_load_images(grey, 
         asked.append(prepared)
         raise LookupError("images loaded")
 
-    monkeypatch.setattr(sslbench.extract.features, "evaluation_data", images_of)  # linear imports it when run
-    monkeypatch.setattr(semisup, "evaluation_data", images_of)
+    monkeypatch.setattr(sslbench.extract.features, "evaluation_data", images_of)  # read at each call
     fast = {"lowshot_svm": {"ks": [1], "num_draws": 1, "cost_grid": [1.0]}, "clustering": {"restarts": 1}}
     cases = [(p, fast.get(p, {})) for p in PROTOCOLS] + [("linear", {"mode": "paper", "epochs": 0})]
     for protocol, settings in cases:
@@ -303,7 +302,7 @@ def test_the_protocols_given_the_prepared_file_are_those_that_load_images(grey, 
         except LookupError:
             pass
         assert asked == (["p.npz"] if protocol_reads_images(protocol, settings) else []), (protocol, settings)
-    assert [c for c in cases if protocol_reads_images(*c)] == [("semisup", {}), cases[-1]]
+    assert [c for c in cases if protocol_reads_images(*c)] == [("finetune", {}), ("semisup", {}), cases[-1]]
 
 
 def test_a_job_given_another_sections_prepared_file_says_which_and_how_to_fix_it(grey, tmp_path, monkeypatch):
