@@ -9,6 +9,7 @@ from pathlib import Path
 from snakemake.utils import min_version
 
 from sslbench.errors import ConfigError, expected_errors
+from sslbench.plan.backbones import check_backbones
 from sslbench.plan.runs import plan_runs, selected_methods
 from sslbench.plan.settings import config_sources, load_config
 from sslbench.plan.workflow import method_problems, preflight
@@ -28,7 +29,7 @@ METHODS_DIR = BASE / "methods"
 PRESETS, OVERRIDES = workflow.overwrite_configfiles, workflow.config_settings.config
 
 # Our errors (config, method folders, data) print their message alone; SSLBENCH_DEBUG=1 adds the traceback.
-with expected_errors("sslbench"):
+with expected_errors("sslbench", print_traceback=True):
     # The one merge rule of every reader of the settings (sslbench.plan.settings.load_config): default.yaml,
     # the --configfile presets in order, then --config; checked against config/schema.yaml, errors
     # name the key and the file that set it.
@@ -48,6 +49,9 @@ with expected_errors("sslbench"):
     # protocol)'s evaluation targets, the datasets they load; every value a run takes is checked here
     # (README "When something goes wrong"), errors naming the file (SOURCES) that set the key.
     PLAN = plan_runs(config, METHODS_DIR, METHODS, sources=SOURCES)
+    # Each run's backbone against the sizes it is given and the features it is read as (torch only when
+    # a backbone's facts are not remembered in .snakemake/sslbench/backbones.json).
+    check_backbones(PLAN, config, METHODS_DIR, SOURCES)
     for label, why in PLAN.skipped.items():
         print(f"sslbench: skipping dataset {label} (datasets.{label}.optional):\n  {why}", file=sys.stderr)
     for label, why in PLAN.skipped_runs.items():
@@ -57,7 +61,7 @@ with expected_errors("sslbench"):
 
 
 onstart:
-    with expected_errors("sslbench"):
+    with expected_errors("sslbench", print_traceback=True):
         preflight(config, PLAN)  # unknown backbone, missing or truncated dataset files: before any job runs
         # --keep-going is readable only from the execution settings: no public accessor
         if FAILED and not workflow.execution_settings.keep_going:

@@ -21,7 +21,7 @@ import numpy as np
 from sslbench.kmeans import kmeans
 
 from .cluster_scores import adjusted_mutual_info, adjusted_rand, normalized_mutual_info
-from .common import ProtocolError, check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
+from .common import check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
 
 PROTOCOL = "clustering"
 WRITES_SIDE_FILE = True  # sslbench.evaluate.run_protocol passes side_file
@@ -33,14 +33,17 @@ DEFAULTS: dict = {
     "spherical": False,  # faiss: renormalise centroids after each iteration
     "overcluster": [2, 5],  # extra k = m x classes, reported as ami_k{m}x
 }
+RULES: dict = {  # over the types of DEFAULTS: what the plan and the job judge the settings by
+    "restarts": {"minimum": 1},
+    "nredo": {"minimum": 1},
+    "niter": {"minimum": 1},
+}
 
 
 def evaluate(
     features: dict, settings: dict, seed: int, side_file=None, maps: bool = True
 ) -> tuple[dict[str, float], dict]:
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
-    if int(used["restarts"]) < 1 or int(used["niter"]) < 1 or int(used["nredo"]) < 1:
-        raise ProtocolError("clustering: restarts, niter and nredo must all be >= 1")
     data = unpack_features(features)
     x = np.ascontiguousarray(l2_normalize(data["test"]))
     labels, num_classes = data["test_labels"], data["num_classes"]

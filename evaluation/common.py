@@ -9,6 +9,8 @@ import os
 import numpy as np
 
 from sslbench.errors import SslbenchError
+from sslbench.plan.limits import protocol_batch_problem
+from sslbench.plan.protocols import setting_problems
 
 FEATURE_KEYS = ("train", "train_labels", "test", "test_labels", "num_classes")
 
@@ -24,16 +26,38 @@ def available_threads() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
 
 
-def resolve_settings(settings: dict | None, defaults: dict, protocol: str) -> dict:
-    """Defaults overridden by `settings`; an unknown key is a ValueError naming the known ones."""
+def resolve_settings(settings: dict | None, defaults: dict, protocol: str, ignored=()) -> dict:
+    """`defaults` overridden by `settings`, less the keys `ignored` (another mode's, which this one takes
+    and leaves out). A key that is neither is a ProtocolError naming the known ones; so is a value its
+    rule refuses (``check_rules``)."""
     settings = dict(settings or {})
-    unknown = sorted(set(settings) - set(defaults))
+    unknown = sorted(set(settings) - set(defaults) - set(ignored))
     if unknown:
+        label = f"{protocol} (mode {defaults['mode']!r})" if "mode" in defaults else protocol
         raise ProtocolError(
-            f"{protocol}: unknown setting(s) {unknown}; known settings are {sorted(defaults)}. "
+            f"{label}: unknown setting(s) {unknown}; known settings are {sorted(defaults)}. "
             "Fix the protocol settings in the config file."
         )
-    return {**copy.deepcopy(defaults), **copy.deepcopy(settings)}
+    check_rules(protocol, settings)
+    taken = {k: v for k, v in settings.items() if k not in ignored}
+    return {**copy.deepcopy(defaults), **copy.deepcopy(taken)}
+
+
+def check_rules(protocol: str, settings: dict) -> None:
+    """A ProtocolError where a setting's value breaks its rule (the type of its default, the protocol's
+    RULES), in the words the plan reports it with before any job: one judge, so the two cannot disagree."""
+    problems = setting_problems(protocol, settings)
+    if problems:
+        raise ProtocolError("\n".join(problems))
+
+
+def check_batch_size(protocol: str, batch_size: int, data) -> None:
+    """A protocol that drops the last short batch of each epoch (its DROPS_LAST_BATCH) needs a
+    `batch_size` that the train split of its target (``data``, a Dataset) fills: the plan's check, in
+    its words."""
+    problem = protocol_batch_problem(protocol, batch_size, len(data.train))
+    if problem:
+        raise ProtocolError(f"config key `evaluation.{protocol}.batch_size`: {problem} ({data.name})")
 
 
 def to_numpy(value, name: str) -> np.ndarray:

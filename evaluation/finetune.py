@@ -57,13 +57,20 @@ from sslbench.data import Dataset
 from sslbench.distributed import select_device
 from sslbench.loop import fit_classifier, make_optimizer
 
-from .common import ProtocolError, check_metrics, checkpoint_and_images, resolve_settings, seed_for
+from .common import (
+    ProtocolError,
+    check_batch_size,
+    check_metrics,
+    checkpoint_and_images,
+    resolve_settings,
+    seed_for,
+)
 from .semisup import scores
 
 PROTOCOL = "finetune"
 NEEDS_CHECKPOINT = True
 READS_IMAGES = True  # it fine-tunes on the target's images (its prepared file, in the DAG)
-POOLS = ("avg", "token")
+DROPS_LAST_BATCH = True  # drop_last: every mixed batch is full
 DEFAULTS: dict = {  # FINETUNE.md's ViT-B/16 command; main_finetune.py's defaults where it sets none
     "epochs": 100,
     "batch_size": 1024,  # 32 per GPU x 32 GPUs
@@ -86,6 +93,30 @@ DEFAULTS: dict = {  # FINETUNE.md's ViT-B/16 command; main_finetune.py's default
     "eval_batch_size": 1024,
     "device": "auto",
 }
+RULES: dict = {  # over the types of DEFAULTS: what the plan and the job judge the settings by
+    "epochs": {"minimum": 1},
+    "batch_size": {
+        "minimum": 2,
+        "multipleOf": 2,
+        "description": "mixup pairs each image with another of its batch",
+    },
+    "lr": {"exclusiveMinimum": 0},
+    "min_lr": {"minimum": 0},
+    "warmup_epochs": {"minimum": 0},
+    "weight_decay": {"minimum": 0},
+    "layer_decay": {"exclusiveMinimum": 0, "maximum": 1},
+    "adam_betas": {"minItems": 2, "maxItems": 2, "items": {"minimum": 0, "exclusiveMaximum": 1}},
+    "drop_path": {"minimum": 0, "exclusiveMaximum": 1},
+    "pool": {"enum": ["avg", "token"]},  # "token": a ViT's class token
+    "head_init_std": {"exclusiveMinimum": 0},
+    "label_smoothing": {"minimum": 0, "exclusiveMaximum": 1},
+    "mixup": {"minimum": 0},
+    "cutmix": {"minimum": 0},
+    "mixup_prob": {"minimum": 0, "maximum": 1},
+    "mixup_switch_prob": {"minimum": 0, "maximum": 1},
+    "random_erasing": {"minimum": 0, "maximum": 1},
+    "eval_batch_size": {"minimum": 1},
+}
 DEVIATIONS = [
     "RandAugment: torchvision's RandAugment(2, 9) per uint8 crop, not timm's rand-m9-mstd0.5-inc1",
     "crops resampled bilinearly (MAE: bicubic); evaluation: centre square crop and resize (MAE: resize "
@@ -104,8 +135,6 @@ def backbone_for_finetuning(ckpt: dict, image_size: int, drop_path: float, pool:
     cfg, meta = ckpt["cfg"], ckpt["meta"]
     section = cfg["backbone"]
     vit = is_vit(section["name"])
-    if pool not in POOLS:
-        raise ProtocolError(f"finetune: setting `pool` must be one of {list(POOLS)}, got {pool!r}")
     if pool == "token" and not vit:
         raise ProtocolError(
             f"finetune: setting `pool: token` reads a ViT's class token; {section['name']!r} has none. "
@@ -288,28 +317,13 @@ def finetune(
     return model, record
 
 
-def check_settings(used: dict, train_size: int) -> None:
-    if used["epochs"] < 1 or used["lr"] <= 0 or not 0 < used["layer_decay"] <= 1:
-        raise ProtocolError("finetune: settings need epochs >= 1, lr > 0 and 0 < layer_decay <= 1")
-    if used["batch_size"] < 2 or used["batch_size"] % 2:
-        raise ProtocolError(
-            f"finetune: setting `batch_size` = {used['batch_size']}: mixup pairs each image with another "
-            "of its batch, so the batch must be even (and at least 2)"
-        )
-    if used["batch_size"] > train_size:
-        raise ProtocolError(
-            f"finetune: setting `batch_size` = {used['batch_size']} is larger than the train split "
-            f"({train_size} images), and the last short batch of each epoch is dropped; lower it"
-        )
-
-
 def run_finetune(ckpt: dict, data: Dataset, settings: dict, seed: int) -> tuple[dict[str, float], dict]:
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     if data.multilabel:
         raise ProtocolError(
             f"finetune: {data.name} is multilabel; fine-tuning here needs one class per image"
         )
-    check_settings(used, len(data.train))
+    check_batch_size(PROTOCOL, used["batch_size"], data)
     device = select_device(used["device"])
     model, record = finetune(ckpt, data, used, seed, device)
     norm = ckpt["normalisation"]

@@ -11,8 +11,8 @@ import faiss
 import numpy as np
 
 from .common import (
-    ProtocolError,
     check_metrics,
+    check_rules,
     l2_normalize,
     resolve_settings,
     topk_accuracy,
@@ -22,6 +22,16 @@ from .common import (
 PROTOCOL = "knn"
 DEFAULTS: dict = {
     "variants": [{"k": 200, "temperature": 0.1}, {"k": 20, "temperature": 0.07}],
+}
+RULES: dict = {  # over the types of DEFAULTS: what the plan and the job judge the settings by
+    "variants": {
+        "minItems": 1,
+        "items": {
+            "required": ["k", "temperature"],
+            "additionalProperties": False,
+            "properties": {"k": {"minimum": 1}, "temperature": {"exclusiveMinimum": 0}},
+        },
+    },
 }
 
 
@@ -37,14 +47,9 @@ def knn_classify(
 
     k is capped at the number of train samples.
     """
-    check_variant(k, temperature)
+    check_rules(PROTOCOL, {"variants": [{"k": k, "temperature": temperature}]})
     similarities, neighbours = nearest_neighbours(train_features, test_features, k)
     return vote(similarities, neighbours, train_labels, temperature, num_classes)
-
-
-def check_variant(k: int, temperature: float) -> None:
-    if k < 1 or temperature <= 0:
-        raise ProtocolError(f"knn: need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
 
 
 def nearest_neighbours(
@@ -91,15 +96,6 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     data = unpack_features(features)
     metrics, variants = {}, []
-    if not used["variants"]:
-        raise ProtocolError(
-            "knn: `evaluation.knn.variants` is empty; give at least one {k: ..., temperature: ...}"
-        )
-    for variant in used["variants"]:
-        unknown = set(variant) - {"k", "temperature"}
-        if unknown or not {"k", "temperature"} <= set(variant):
-            raise ProtocolError(f"knn: each variant needs exactly keys 'k' and 'temperature', got {variant}")
-        check_variant(int(variant["k"]), float(variant["temperature"]))
     # One search at the largest k serves every variant: the k nearest are the first k of the list.
     largest = max(int(v["k"]) for v in used["variants"])
     similarities, neighbours = nearest_neighbours(data["train"], data["test"], largest)

@@ -51,6 +51,7 @@ import numpy as np
 
 from .common import (
     ProtocolError,
+    check_batch_size,
     check_metrics,
     checkpoint_and_images,
     resolve_settings,
@@ -96,6 +97,15 @@ MAE_DEFAULTS: dict = {  # facebookresearch/mae main_linprobe.py (FINETUNE.md: 32
     "eval_batch_size": 1024,
     "device": None,  # None: CUDA if available, else CPU
 }
+RULES: dict = {  # over the types of every mode's DEFAULTS: what the plan and the job judge the settings by
+    "weight_decay_grid": {"minItems": 1, "items": {"minimum": 0}},
+    "val_fraction": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    "lr": {"exclusiveMinimum": 0},
+    "epochs": {"minimum": 0},
+    "warmup_epochs": {"minimum": 0},
+    "batch_size": {"minimum": 1},  # mode "mae": 2 (resolve_paper_settings)
+}
+DROPS_LAST_BATCH = ["mae"]  # the modes whose last short batch of an epoch is dropped (MAE's drop_last)
 CHUNK_ROWS = 65536  # rows per float64 logits chunk: bounds memory on large splits
 GTOL = 1e-7  # stop when every gradient component is below this (1e-6 stops small-decay fits early)
 FTOL = 1e-12  # ... or when the loss falls by less than this fraction in an iteration
@@ -207,8 +217,6 @@ def evaluate(
         known = ", ".join(repr(m) for m in [DEFAULTS["mode"], *IMAGE_MODES])
         raise ProtocolError(f"linear: unknown mode {mode!r}; known modes are {known}")
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
-    if not used["weight_decay_grid"] or not 0 < used["val_fraction"] < 1:
-        raise ProtocolError("linear: weight_decay_grid must be non-empty and 0 < val_fraction < 1")
     used["weight_decay_grid"] = sorted(float(w) for w in used["weight_decay_grid"])
 
     data = unpack_features(features)
@@ -364,35 +372,37 @@ def fit_frozen_probe(
         generators,
         device,
         diverged,
-        min_batch=used["batch_size"] if used["mode"] == "mae" else 1,  # MAE's loader drops the last
+        min_batch=used["batch_size"] if used["mode"] in DROPS_LAST_BATCH else 1,
     )
     return head
 
 
 def resolve_paper_settings(settings: dict) -> tuple[dict, list[str]]:
     """The settings of the image mode ``settings["mode"]`` (default "paper") over its own defaults.
-    The cached mode's own keys are tolerated (a preset merged over config/default.yaml keeps them)
-    and returned as ignored; another image mode's own keys are unknown here (as the planner's
-    sslbench.plan.protocols.protocol_problems says)."""
-    mode = settings.get("mode", "paper")
+    The cached mode's own keys are tolerated (a preset merged over config/default.yaml keeps them),
+    judged by their rules as the plan judges them, and returned as ignored; another image mode's own
+    keys are unknown here (as the planner's sslbench.plan.protocols.protocol_problems says)."""
+    settings = {"mode": "paper", **settings}
+    mode = settings["mode"]
     defaults = IMAGE_MODES[mode]
     cached_only = set(DEFAULTS) - set(defaults)
-    ignored = sorted(set(settings) & cached_only)
-    used = resolve_settings(
-        {k: v for k, v in settings.items() if k not in cached_only},
-        defaults,
-        f"{PROTOCOL} (mode {mode!r})",
-    )
-    if used["epochs"] < 0 or used["batch_size"] < 1 or used["lr"] <= 0:
-        raise ProtocolError(f"linear ({mode}): settings need epochs >= 0, batch_size >= 1 and lr > 0")
+    used = resolve_settings(settings, defaults, PROTOCOL, ignored=cached_only)
+    key = f"config key `evaluation.{PROTOCOL}"
     if mode == "mae":
         if used["batch_size"] < 2:
-            raise ProtocolError("linear (mae): batch_size must be >= 2 (the head's batch norm in train mode)")
-        if not 0 <= used["warmup_epochs"] <= used["epochs"]:
-            raise ProtocolError("linear (mae): settings need 0 <= warmup_epochs <= epochs")
+            raise ProtocolError(
+                f"{key}.batch_size` = {used['batch_size']}: in mode 'mae' batch_size must be >= 2 (the "
+                "head's batch norm normalises each training batch by its own statistics); raise it"
+            )
+        if used["warmup_epochs"] > used["epochs"]:
+            raise ProtocolError(
+                f"{key}.warmup_epochs` = {used['warmup_epochs']} exceeds `evaluation.{PROTOCOL}.epochs` = "
+                f"{used['epochs']}: mode 'mae' needs warmup_epochs <= epochs; lower warmup_epochs or "
+                "raise epochs"
+            )
     else:
         used["milestones"] = sorted(int(m) for m in used["milestones"])
-    return used, ignored
+    return used, sorted(set(settings) & cached_only)
 
 
 def evaluate_paper(
@@ -418,6 +428,8 @@ def evaluate_paper(
         raise ProtocolError(
             f"linear ({mode}): {data.name} is multilabel; this protocol needs one class per image"
         )
+    if mode in DROPS_LAST_BATCH:
+        check_batch_size(PROTOCOL, used["batch_size"], data)
     norm = ckpt["normalisation"]
     views = view_config(**used["augment"])
     augment = ViewAugment(data.image_size, data.channels, norm["mean"], norm["std"], views).to(device)

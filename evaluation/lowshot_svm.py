@@ -49,6 +49,14 @@ DEFAULTS: dict = {
     "pos_weight": 2.0,  # class_weight {+1: pos_weight, -1: 1}
     "fallback_cost": 1.0,  # k = 1: cross-validation impossible
 }
+RULES: dict = {  # over the types of DEFAULTS: what the plan and the job judge the settings by
+    "ks": {"minItems": 1, "items": {"minimum": 1}},
+    "num_draws": {"minimum": 1},
+    "cost_grid": {"minItems": 1, "items": {"exclusiveMinimum": 0}},  # LinearSVC's C
+    "cv_folds": {"minimum": 2},
+    "pos_weight": {"exclusiveMinimum": 0},
+    "fallback_cost": {"exclusiveMinimum": 0},
+}
 SVM_TOL, SVM_MAX_ITER = 1e-4, 2000  # fair_ssl / VISSL values
 # VOC07 multilabel targets, the VOC devkit's codes: present, absent, difficult.
 POSITIVE, NEGATIVE, DIFFICULT = 1, -1, 0
@@ -260,8 +268,6 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     used["ks"] = sorted(int(k) for k in used["ks"])
     used["cost_grid"] = sorted(float(c) for c in used["cost_grid"])
-    if not used["ks"] or not used["cost_grid"] or int(used["num_draws"]) < 1 or int(used["cv_folds"]) < 2:
-        raise ProtocolError("lowshot_svm: ks and cost_grid must be non-empty, num_draws >= 1, cv_folds >= 2")
     data = unpack_features(features, allow_multilabel=True)
     train_labels, test_labels = data["train_labels"], data["test_labels"]
     multilabel = train_labels.ndim == 2

@@ -78,6 +78,12 @@ DEFAULTS: dict = {
     "eval_batch_size": 1024,
     "device": "auto",
 }
+RULES: dict = {  # over the types of DEFAULTS: what the plan and the job judge the settings by
+    "epochs": {"properties": {"1pct": {"minimum": 0}, "10pct": {"minimum": 0}}},
+    "batch_size": {"minimum": 2},  # batch norm in train mode needs two images a batch
+    "lr_grid": {"minItems": 1, "items": {"exclusiveMinimum": 0}},
+    "val_fraction": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+}
 
 
 # --- labelled subsets ------------------------------------------------------------------------
@@ -287,22 +293,13 @@ def choose_lr(
     return float(used["lr_grid"][best]), val_top1, diverged
 
 
-def check_settings(used: dict) -> None:
-    epochs = used["epochs"]
-    if (
-        not isinstance(epochs, dict)
-        or set(epochs) != set(FRACTIONS)
-        or any(int(e) < 0 for e in epochs.values())
-    ):
+def check_epochs(epochs: dict) -> None:
+    """`epochs` names each labelled subset (its values are RULES')."""
+    if set(epochs) != set(FRACTIONS):
         raise ProtocolError(
-            f"semisup: setting `epochs` must map {sorted(FRACTIONS)} to epochs >= 0, got {epochs!r}"
+            f"config key `evaluation.{PROTOCOL}.epochs` = {epochs!r} must map exactly {sorted(FRACTIONS)} "
+            "(the labelled subsets) to their epochs; give both and nothing else"
         )
-    if not used["lr_grid"] or any(lr <= 0 for lr in used["lr_grid"]):
-        raise ProtocolError(
-            f"semisup: setting `lr_grid` must be a non-empty list of positive lrs, got {used['lr_grid']}"
-        )
-    if not 0 < used["val_fraction"] < 1 or used["batch_size"] < 2:
-        raise ProtocolError("semisup: settings need 0 < val_fraction < 1 and batch_size >= 2")
 
 
 def run_semisup(
@@ -310,7 +307,7 @@ def run_semisup(
 ) -> tuple[dict[str, float], dict]:
     """The protocol on a loaded checkpoint and dataset; index files go to `subset_dir`."""
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
-    check_settings(used)
+    check_epochs(used["epochs"])
     used["lr_grid"] = sorted(float(lr) for lr in used["lr_grid"])
     if data.multilabel:
         raise ProtocolError(f"semisup: {data.name} is multilabel; fine-tuning here needs one class per image")

@@ -26,6 +26,12 @@ wildcard_constraints:
     dataset="|".join(map(re.escape, PLAN.prepared)) or "(?!)",
 
 
+def written_by(output):
+    """An earlier stage's output as this stage's input: its path alone, without the flags (update())
+    that belong to the rule that writes it."""
+    return str(output)
+
+
 def run_settings(wildcards):
     return PLAN.runs[wildcards.pretrain, LABEL_OF[wildcards.method]]
 

@@ -23,13 +23,13 @@ def images_read(wildcards):
 rule evaluate:
     input:
         # written by extract, or for the run's own dataset by pretrain (ruleorder)
-        features=rules.extract.output.features,
+        features=written_by(rules.extract.output.features),
         checkpoint=branch(
-            lambda wc: wc.protocol in CHECKPOINT_PROTOCOLS, then=[rules.pretrain.output.checkpoint]
+            lambda wc: wc.protocol in CHECKPOINT_PROTOCOLS, then=[written_by(rules.pretrain.output.checkpoint)]
         ),
         prepared=images_read,
     output:
-        RESULT_FILE,
+        update(RESULT_FILE),  # kept in place while it reruns (rules/pretrain.smk)
     params:
         settings=lambda wc: json.dumps(SETTINGS[wc.protocol], sort_keys=True),
         checkpoint=input_argument("checkpoint"),

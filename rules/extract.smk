@@ -7,10 +7,10 @@ def target_section(wildcards):
 
 rule extract:
     input:
-        checkpoint=rules.pretrain.output.checkpoint,
+        checkpoint=written_by(rules.pretrain.output.checkpoint),
         prepared=lambda wc: prepared(wc.target),
     output:
-        features=FEATURES_FILE,
+        features=update(FEATURES_FILE),  # kept in place while it reruns (rules/pretrain.smk)
     params:
         target=target_section,
         prepared=input_argument("prepared"),

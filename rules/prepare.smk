@@ -4,7 +4,7 @@
 
 rule prepare:
     output:
-        PREPARED_FILE,
+        update(PREPARED_FILE),  # kept in place while it reruns (rules/pretrain.smk)
     params:
         section=lambda wc: json.dumps(PLAN.datasets[wc.dataset], sort_keys=True),  # a change reruns it
         code=code("prepare"),

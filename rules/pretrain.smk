@@ -29,11 +29,13 @@ rule pretrain:
     input:
         sources=method_sources,
         prepared=lambda wc: prepared(wc.pretrain),
+    # update(): Snakemake keeps a finished run's files in place while the job runs (a copy goes to
+    # .snakemake/backups/) and puts them back if it fails, instead of deleting them before it starts.
     output:
-        run=RUN_DIR + "/run.json",
-        checkpoint=RUN_DIR + "/checkpoint.pt",
-        log=RUN_DIR + "/train_log.csv",
-        features=RUN_DIR + "/features/{pretrain}.npz",
+        run=update(RUN_DIR + "/run.json"),
+        checkpoint=update(RUN_DIR + "/checkpoint.pt"),
+        log=update(RUN_DIR + "/train_log.csv"),
+        features=update(RUN_DIR + "/features/{pretrain}.npz"),
     params:
         cfg=method_config,
         method_dir=lambda wc: str(method_dir(wc)),
@@ -61,9 +63,9 @@ rule import_released:
         # the file's sha256 is in the run's settings (cfg): a changed file reruns this job and its results
         prepared=lambda wc: prepared(wc.pretrain),
     output:
-        run=rules.pretrain.output.run,
-        checkpoint=rules.pretrain.output.checkpoint,
-        features=rules.pretrain.output.features,
+        run=update(rules.pretrain.output.run),
+        checkpoint=update(rules.pretrain.output.checkpoint),
+        features=update(rules.pretrain.output.features),
     params:
         cfg=method_config,
         run_dir=lambda wc, output: str(Path(output.checkpoint).parent),

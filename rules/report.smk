@@ -6,8 +6,8 @@ rule report:
     input:
         table=rules.collect.output.table,
         failures=rules.collect.output.failures,
-        runs=[rules.pretrain.output.run.format(pretrain=p, method=PLAN.slugs[m], seed=s)
-              for p, m in PLAN.runs for s in SEEDS],
+        runs=[written_by(rules.pretrain.output.run).format(pretrain=p, method=PLAN.slugs[m], seed=s)
+              for p, m, s in PLAN.run_seeds(SEEDS)],
         paper=[str(p) for p in (METHODS_DIR / m / "paper.yaml" for m in METHODS) if p.exists()],
     output:
         html=report("results/report.html", category="Report"),

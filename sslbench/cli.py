@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from sslbench import kernels, warm
 from sslbench.errors import expected_errors
@@ -41,29 +42,41 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_pretrain(args) -> None:
+    from sslbench import atomic
     from sslbench.extract.features import extract_after_training
+    from sslbench.pretrain.checkpoints import finished_run
     from sslbench.pretrain.trainer import pretrain
 
-    checkpoint = pretrain(
-        args.method_dir,
-        args.config_json,
-        args.seed,
-        args.out,
-        device=args.device,
-        progress=not args.quiet,
-        prepared=args.prepared,
-    )
-    if args.features_out:  # the pretraining set's features, without a process of their own
-        extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
+    run = (args.out, args.config_json, args.seed, args.method_dir, args.features_out, args.prepared)
+    if args.features_out and finished_run(*run):
+        print(
+            f"[sslbench] {args.out} holds this run, finished (same settings, seed, code and data): kept, "
+            "not trained again (delete its checkpoint.pt to train it again)"
+        )
+        return
+    with atomic.digests_of_a_failed_job_removed(Path(args.out) / "checkpoint.pt", args.features_out):
+        checkpoint = pretrain(
+            args.method_dir,
+            args.config_json,
+            args.seed,
+            args.out,
+            device=args.device,
+            progress=not args.quiet,
+            prepared=args.prepared,
+        )
+        if args.features_out:  # the pretraining set's features, without a process of their own
+            extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
 
 
 def cmd_import(args) -> None:
+    from sslbench import atomic
     from sslbench.extract.features import extract_after_training
     from sslbench.pretrain.released import import_released
 
-    checkpoint = import_released(args.config_json, args.seed, args.out, prepared=args.prepared)
-    if args.features_out:  # the pretraining set's features, as a trained run's job writes them
-        extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
+    with atomic.digests_of_a_failed_job_removed(Path(args.out) / "checkpoint.pt", args.features_out):
+        checkpoint = import_released(args.config_json, args.seed, args.out, prepared=args.prepared)
+        if args.features_out:  # the pretraining set's features, as a trained run's job writes them
+            extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
 
 
 def cmd_export(args) -> None:
@@ -73,9 +86,13 @@ def cmd_export(args) -> None:
 
 
 def cmd_extract(args) -> None:
+    from sslbench import atomic
     from sslbench.extract.features import extract
 
-    extract(args.checkpoint, args.out, target=args.target_json, device=args.device, prepared=args.prepared)
+    with atomic.digests_of_a_failed_job_removed(args.out):
+        extract(
+            args.checkpoint, args.out, target=args.target_json, device=args.device, prepared=args.prepared
+        )
 
 
 def cmd_evaluate(args) -> None:

@@ -10,6 +10,7 @@ that catches those still catches ours.
 from __future__ import annotations
 
 import os
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,7 +26,10 @@ class ConfigError(SslbenchError, ValueError):
 
 
 class UnreadableFileError(SslbenchError, ValueError):
-    """A file the DAG wrote that does not read back: truncated, corrupted or missing."""
+    """A file the DAG wrote that does not read back: truncated, corrupted or missing. ``problem``:
+    what is wrong with it, without its path and rebuild command (``file_problem``)."""
+
+    problem = ""
 
 
 def debug_enabled() -> bool:
@@ -33,13 +37,16 @@ def debug_enabled() -> bool:
 
 
 @contextmanager
-def expected_errors(prefix: str):
+def expected_errors(prefix: str, print_traceback: bool = False):
     """Our errors end the program with ``<prefix>: error: <message>`` on stderr and exit status 1
-    (``SSLBENCH_DEBUG=1``: raised as they are, with their traceback)."""
+    (``SSLBENCH_DEBUG=1``: raised as they are, with their traceback). ``print_traceback``: print it here
+    too, for a host that reports an exception without its traceback (Snakemake, for the Snakefile)."""
     try:
         yield
     except SslbenchError as err:
         if debug_enabled():
+            if print_traceback:
+                traceback.print_exc()
             raise
         raise SystemExit(f"{prefix}: error: {err}") from None
 
@@ -58,4 +65,11 @@ def unreadable(path: str | Path, what: str, err: BaseException) -> UnreadableFil
     else:  # the first sentence: torch appends a paragraph of advice to its own
         detail = str(err).split("\n")[0].split(". ")[0]
         problem = f"unreadable {what}, truncated or corrupted ({type(err).__name__}: {detail})"
-    return UnreadableFileError(f"{path}: {problem}. Rebuild it: {rebuild_command(path)}")
+    return file_problem(path, problem)
+
+
+def file_problem(path: str | Path, problem: str) -> UnreadableFileError:
+    """The error for a file of the DAG at ``path`` that cannot be used because of ``problem``."""
+    error = UnreadableFileError(f"{path}: {problem}. Rebuild it: {rebuild_command(path)}")
+    error.problem = problem
+    return error

@@ -8,7 +8,11 @@ A protocol is a module ``evaluation/<name>.py``, loaded by name. It provides:
   dict of ``sslbench.extract.featurefile.load_features``; ``metrics`` maps a name to a finite number;
 - optional flags asking for ``extra``: ``NEEDS_CHECKPOINT`` (``checkpoint_path``),
   ``READS_IMAGES`` (``prepared``: the target's images, not only its features), ``WRITES_SIDE_FILE``
-  (``side_file``, ``maps``: arrays the report draws), ``NEEDS_RESULT_DIR`` (``result_dir``).
+  (``side_file``, ``maps``: arrays the report draws), ``NEEDS_RESULT_DIR`` (``result_dir``);
+- optional literals for planning: ``RULES``, ``{setting: JSON-schema keywords}`` over the type of each
+  default (the settings' ranges, judged by the plan and by ``evaluation.common.resolve_settings`` with
+  one function, ``sslbench.plan.protocols.setting_problems``), and ``DROPS_LAST_BATCH`` (True, or the
+  modes that do: its ``batch_size`` must fit the target's train split, ``sslbench.plan.limits``).
 
 A new protocol is a new file there and its name under ``protocols`` in the config.
 """

@@ -113,6 +113,7 @@ def tiny_suite_config(**train) -> dict:
         "evaluation": {"targets": ["pretrain"]},
         "train": {"epochs": 2, "batch_size": 64, **train},
         "seeds": [0],
+        "floor": {"seeds": 0},  # floors on `seeds` alone (tests/plan/test_floors.py sets more)
     }
     return load_config(REPO / "config", overrides=tiny)
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from sslbench import kernels
 
@@ -41,7 +42,9 @@ def test_pin_reaches_numpy_and_faiss_openblas():
 
 def test_native_leaves_the_libraries_to_choose():
     native = json.loads(run_python(BLAS_KERNELS, SSLBENCH_CPU_KERNELS="native").stdout)
-    assert all(arch != "Haswell" for _, arch in native), native  # what they pick here, unpinned
+    # Each picks for the processor it finds: on the Intel Xeon both their own, on an AMD EPYC faiss's
+    # its Zen kernels while numpy's takes Haswell itself; never both the pin's Haswell.
+    assert any(arch != "Haswell" for _, arch in native), native
 
 
 def test_the_environment_wins_over_a_pin():
@@ -83,7 +86,8 @@ def test_an_unknown_level_is_a_clear_error():
 
 def test_a_pinned_forward_is_the_same_as_its_kernels_chosen_by_hand(level="avx512"):
     """A machine whose processor would choose other kernels runs the pinned ones: the features equal
-    those of a process told the same kernels directly, and differ from another ISA's."""
+    those of a process told the same kernels directly, and differ from another ISA's. (Two threads
+    against one changed them on the Intel Xeon, not on an AMD EPYC: no claim is made of that.)"""
     code = """
 import hashlib, torch, timm
 torch.manual_seed(0)
@@ -96,11 +100,9 @@ with torch.no_grad(): print(hashlib.sha256(net.eval()(x).numpy().tobytes()).hexd
     pin = "from sslbench import kernels; kernels.pin()\n"
     pinned = run_python(pin + code, OMP_NUM_THREADS="1", SSLBENCH_CPU_KERNELS=level)
     by_hand = run_python(code, OMP_NUM_THREADS="1", **kernels.LEVELS[level])
-    other_isa = run_python(
-        code, OMP_NUM_THREADS="1", ONEDNN_MAX_CPU_ISA="AVX2" if level == "avx512" else "SSE41"
-    )
-    other_threads = run_python(pin + code, OMP_NUM_THREADS="2", SSLBENCH_CPU_KERNELS=level)
+    # the ISA below the pin's on this processor: an AMD EPYC without AVX-512 runs AVX2 under the avx512 pin
+    below = "AVX2" if level == "avx512" and "avx512f" in Path("/proc/cpuinfo").read_text() else "SSE41"
+    other_isa = run_python(code, OMP_NUM_THREADS="1", ONEDNN_MAX_CPU_ISA=below)
     assert pinned.returncode == 0, pinned.stderr
     assert pinned.stdout == by_hand.stdout
     assert other_isa.stdout != pinned.stdout
-    assert other_threads.stdout != pinned.stdout

@@ -94,7 +94,8 @@ def planned_jobs(bench: Bench, directory: Path, *presets: Path, target: str) -> 
         if found := re.match(r"^(?:local)?rule (\w+):$", line):
             block = {"rule": found[1], "wildcards": {}, "files": []}
         elif found := re.match(r"^\s+(?:output|log|benchmark): (.+)$", line):
-            block["files"] += found[1].split(", ")
+            # a flagged file is printed with its flags: "path (update)"
+            block["files"] += [re.sub(r" \([\w, ]+\)$", "", f) for f in found[1].split(", ")]
         elif found := re.match(r"^\s+wildcards: (.+)$", line):
             block["wildcards"] = dict(pair.split("=", 1) for pair in found[1].split(", "))
         elif line.startswith("Shell command: "):

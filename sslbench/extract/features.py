@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sslbench import atomic
 from sslbench import distributed as dist
 from sslbench.augment.pipeline import EvalTransform
 from sslbench.backbones import PIXELS, backbone_from_config, feature_reader
 from sslbench.data import Dataset, channel_conversion, convert_channels, load_data
 from sslbench.distributed import select_device
-from sslbench.errors import unreadable
 from sslbench.extract.featurefile import load_features, save_features  # noqa: F401  (re-exported)
 from sslbench.provenance import code_record, provenance
 
@@ -38,10 +38,7 @@ def load_encoder(checkpoint: dict, image_size: int | None = None) -> torch.nn.Mo
 
 
 def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict:
-    try:
-        return torch.load(path, map_location=device, weights_only=False)
-    except Exception as err:  # whatever a truncated zip or pickle raises
-        raise unreadable(path, "checkpoint", err) from err
+    return atomic.load_torch(path, "checkpoint", device)
 
 
 def target_data(checkpoint: dict, target: dict, prepared: str | Path | None = None) -> tuple[Dataset, dict]:

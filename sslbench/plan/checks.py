@@ -96,6 +96,25 @@ def validator_class():
     return jsonschema.validators.extend(base, type_checker=strict)
 
 
+TYPE_KEYWORDS = ("type", "enum", "const")  # a declaration with one of these replaces the inferred type
+
+
+def declared_schema(inferred: dict, keywords: dict) -> tuple[dict, bool]:
+    """(a setting's JSON schema, whether ``keywords`` replaced ``inferred``): the type inferred from its
+    value (``type_schema``) under the keywords declared for it (a range, the values it takes), or the
+    declaration alone where it names a type of its own (TYPE_KEYWORDS). A ValueError where the result
+    is no JSON schema."""
+    import jsonschema
+
+    replaces = bool(set(TYPE_KEYWORDS) & set(keywords))
+    schema = copy.deepcopy(keywords) if replaces else deep_merge(inferred, keywords)
+    try:
+        validator_class().check_schema(schema)
+    except jsonschema.SchemaError as err:
+        raise ValueError(f"not a JSON schema ({err.message})") from None
+    return schema, replaces
+
+
 def type_schema(value) -> dict:
     """The JSON schema of a default's type: an int is an integer, a float any number, None anything;
     a list's items have the type of its elements where they share one, a mapping's keys their own."""

@@ -1,13 +1,15 @@
-"""What planning reads of a protocol: evaluation/<protocol>.py's literals (DEFAULTS,
-READS_IMAGES, NEEDS_CHECKPOINT), read from its source so that planning never imports torch."""
+"""What planning reads of a protocol: evaluation/<protocol>.py's literals (DEFAULTS, RULES,
+READS_IMAGES, NEEDS_CHECKPOINT, DROPS_LAST_BATCH), read from its source so that planning never imports
+torch; and the one judge of a protocol's settings, which the plan and the protocol's job both call."""
 
 from __future__ import annotations
 
 import copy
+import json
 from functools import cache
 
 from sslbench.errors import ConfigError
-from sslbench.plan.checks import dotted, schema_validator, set_in, type_schema
+from sslbench.plan.checks import declared_schema, dotted, schema_validator, set_in, type_schema
 
 # The protocols whose code takes multi-label targets ([N, classes] in the VOC devkit's codes);
 # tests/extract/test_transfer.py checks this against what each protocol does with such features.
@@ -26,10 +28,20 @@ PROTOCOL_PACKAGE = "evaluation"  # evaluation/<protocol>.py
 DAG_KEYS = ("targets", "methods")
 
 
-# Besides the DEFAULTS, what the planner reads of a protocol module, each True where its jobs read a file
-# besides the cached features, or the list of the modes that do: READS_IMAGES, the target's images (its
-# prepared file); NEEDS_CHECKPOINT, the run's checkpoint. Only then is that file an input of the job.
-PLANNING_LITERALS = ("READS_IMAGES", "NEEDS_CHECKPOINT")
+# Besides the DEFAULTS, what the planner reads of a protocol module, each True where its jobs do it, or
+# the list of the modes that do: READS_IMAGES, the target's images (its prepared file); NEEDS_CHECKPOINT,
+# the run's checkpoint (only then is that file an input of the job); DROPS_LAST_BATCH, dropping the last
+# short batch of each epoch (so its `batch_size` must fit the target's train split).
+PLANNING_LITERALS = ("READS_IMAGES", "NEEDS_CHECKPOINT", "DROPS_LAST_BATCH")
+
+
+# A protocol's ranges: {setting: JSON-schema keywords} (draft 2020-12), merged over the type of the
+# setting's default as a method folder's schema.yaml over its config.yaml, for the key in whichever
+# mode's DEFAULTS it is. Optional: without it, a setting need only have its default's type.
+RULES_LITERAL = "RULES"
+
+
+FIX = "Give a value that fits, or remove the key for the default."  # after each refused value
 
 
 def protocol_names() -> list[str]:
@@ -59,11 +71,15 @@ def protocol_defaults(protocol: str) -> dict[str, dict]:
     `mode`) of evaluation/<protocol>.py, read from its source: sslbench loads a protocol only by name
     to run it, and several import torch, which planning never does. The protocol's own code keeps the
     one definition, so each must be a literal."""
-    return {k: v for k, v in protocol_literals(protocol).items() if k not in PLANNING_LITERALS}
+    return {
+        k: v
+        for k, v in protocol_literals(protocol).items()
+        if k not in PLANNING_LITERALS and k != RULES_LITERAL
+    }
 
 
 def protocol_literals(protocol: str) -> dict:
-    """The DEFAULTS and PLANNING_LITERALS of evaluation/<protocol>.py, read from its source."""
+    """The DEFAULTS, RULES and PLANNING_LITERALS of evaluation/<protocol>.py, read from its source."""
     from sslbench.provenance import module_file
 
     path = module_file(f"{PROTOCOL_PACKAGE}.{protocol}")
@@ -100,7 +116,7 @@ def module_literals(path: str, text: str) -> dict:
     for node in ast.parse(text, path).body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
         name = getattr(target, "id", "")
-        if name == "DEFAULTS" or name.endswith("_DEFAULTS") or name in PLANNING_LITERALS:
+        if name == "DEFAULTS" or name.endswith("_DEFAULTS") or name in (*PLANNING_LITERALS, RULES_LITERAL):
             try:
                 found[name] = ast.literal_eval(node.value)
             except ValueError:
@@ -111,31 +127,105 @@ def module_literals(path: str, text: str) -> dict:
 
 
 def protocol_problems(protocol: str, section: dict, sources: list[tuple[str, dict]]) -> list[str]:
-    """What is wrong with `evaluation.<protocol>`: a key its DEFAULTS lack, a value of another type
-    than its default's. A protocol with modes (linear's `mode: paper`, PAPER_DEFAULTS) takes a mode's
-    own keys, besides the default mode's (which that mode ignores)."""
-    literals = protocol_defaults(protocol)
-    defaults = literals["DEFAULTS"]
-    modes = {d["mode"]: d for d in literals.values() if "mode" in d}
-    mode = section.get("mode", defaults.get("mode"))
-    own = modes.get(mode, {}) if isinstance(mode, str) else {}
-    rules = {**defaults, **own, **dict.fromkeys(DAG_KEYS)}  # the DAG's, checked by the schema
+    """What is wrong with `evaluation.<protocol>`: a key the protocol does not take (``mode_defaults``;
+    DAG_KEYS are the DAG's, checked by the schema), a value its rule refuses (``setting_problems``)."""
+    known = {**mode_defaults(protocol, section), **dict.fromkeys(DAG_KEYS)}
     problems = []
-    for key, value in section.items():
-        path = ["evaluation", protocol, key]
-        if key not in rules:
+    for key in section:
+        if key not in known:
+            path = ["evaluation", protocol, key]
             problems.append(
-                f"unknown key `{dotted(path)}`{set_in(path, sources)}; known keys here: {sorted(rules)} "
+                f"unknown key `{dotted(path)}`{set_in(path, sources)}; known keys here: {sorted(known)} "
                 f"(evaluation/{protocol}.py's DEFAULTS). Fix the spelling or remove it."
             )
+    return problems + setting_problems(protocol, section, sources)
+
+
+def mode_defaults(protocol: str, settings: dict) -> dict:
+    """{setting: default} of what a protocol takes with these settings (``defaults_of_mode``)."""
+    return defaults_of_mode(protocol_literals(protocol), chosen_mode(settings))
+
+
+def chosen_mode(settings: dict) -> str | None:
+    """The mode these settings choose; None for the default mode (and for a mode that is no string,
+    which the `mode` rule refuses)."""
+    mode = (settings or {}).get("mode")
+    return mode if isinstance(mode, str) else None
+
+
+def defaults_of_mode(literals: dict, mode: str | None) -> dict:
+    """{setting: default} of a protocol module's ``literals`` in ``mode``: its DEFAULTS, and where the
+    mode has its own (linear's `mode: paper`, PAPER_DEFAULTS), that mode's keys too, which win (the
+    default mode's keys are taken and ignored there)."""
+    defaults = literals["DEFAULTS"]
+    mode = defaults.get("mode") if mode is None else mode
+    own = [d for name, d in literals.items() if name.endswith("DEFAULTS") and d.get("mode") == mode]
+    return {**defaults, **(own[0] if own else {})}
+
+
+def setting_problems(protocol: str, settings: dict, sources: list[tuple[str, dict]] = ()) -> list[str]:
+    """Each of a protocol's settings whose value its rule (``setting_rules``) refuses, naming the key
+    (`evaluation.<protocol>.<key>`), where it was set (``sources``: the plan's), the rule and the fix.
+    The plan reports these before any job and the protocol's job raises them
+    (``evaluation.common.check_rules``), in the same words. Keys it does not take are the caller's."""
+    rules = setting_rules(protocol, settings)
+    problems = []
+    for key, value in settings.items():
+        if key not in rules:
             continue
-        schema = {"enum": sorted(modes)} if key == "mode" and modes else type_schema(rules[key])
+        schema, why = rules[key]
+        path = ["evaluation", protocol, key]
         for err in schema_validator(schema).iter_errors(value):
             problems.append(
                 f"config key `{dotted(path + list(err.absolute_path))}`{set_in(path, sources)}: "
-                f"{err.message} (its default in evaluation/{protocol}.py: {rules[key]!r})"
+                f"{err.message} ({why}). {FIX}"
             )
     return problems
+
+
+def setting_rules(protocol: str, settings: dict) -> dict[str, tuple[dict, str]]:
+    """{setting: (its JSON schema, where the schema comes from)} of what a protocol takes with these
+    settings (``cached_setting_rules``; shared, not to be changed)."""
+    from sslbench.provenance import module_file
+
+    path = module_file(f"{PROTOCOL_PACKAGE}.{protocol}")
+    return cached_setting_rules(protocol, str(path), path.read_text(), chosen_mode(settings))
+
+
+@cache
+def cached_setting_rules(
+    protocol: str, path: str, text: str, mode: str | None
+) -> dict[str, tuple[dict, str]]:
+    """The rules of a protocol module's source ``text`` in ``mode``: the type of each default under the
+    keywords its RULES declare for that key; `mode` is one of the modes, where the module has modes.
+    Once per source and mode: checking the declared schemas costs far more than judging a value."""
+    literals = module_literals(path, text)
+    declared = literals.get(RULES_LITERAL, {})
+    every = [d for name, d in literals.items() if name.endswith("DEFAULTS")]
+    modes, every_key = sorted(d["mode"] for d in every if "mode" in d), sorted({k for d in every for k in d})
+    file = f"{PROTOCOL_PACKAGE}/{protocol}.py"
+    for key, keywords in declared.items():
+        if key not in every_key or not isinstance(keywords, dict):
+            raise ConfigError(
+                f"{file}: RULES' `{key}` must be one of its settings ({every_key}), mapped to JSON-schema "
+                "keywords (e.g. {'exclusiveMinimum': 0})"
+            )
+    rules = {}
+    for key, default in defaults_of_mode(literals, mode).items():
+        inferred = type_schema(default)
+        why = f"{file}'s rule for `{key}`: the type of its default ({default!r})"
+        if key == "mode" and modes:
+            rules[key] = ({"enum": modes}, f"the modes of {file}: its DEFAULTS and <MODE>_DEFAULTS")
+        elif key in declared:
+            try:
+                schema, replaces = declared_schema(inferred, declared[key])
+            except ValueError as err:
+                raise ConfigError(f"{file}: RULES' `{key}`: {err}") from None
+            given = f"RULES' {json.dumps(declared[key])}"
+            rules[key] = (schema, f"{file}'s rule for `{key}`: {given}" if replaces else f"{why} and {given}")
+        else:
+            rules[key] = (inferred, why)
+    return rules
 
 
 def protocol_settings(config: dict, protocol: str) -> dict:

@@ -3,6 +3,7 @@ resolved and checked before any job runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -37,6 +38,12 @@ class Plan:
     skipped_runs: dict[str, str] = field(default_factory=dict)  # released run (label): why it is left out
     # protocol: the method folders and run labels it evaluates (`evaluation.<protocol>.methods`); absent: all
     evaluated: dict[str, list[str]] = field(default_factory=dict)
+    # (pretrain dataset, method label): the label of its floor, the untrained run of its backbone
+    floors: dict[tuple[str, str], str] = field(default_factory=dict)
+    # the floor runs' seeds beside the config's, and the protocols and targets they are evaluated on there
+    floor_seeds: list[int] = field(default_factory=list)
+    floor_protocols: list[str] = field(default_factory=list)
+    floor_targets: list[str] = field(default_factory=list)
 
     def evaluates(self, protocol: str, pretrain: str, method: str) -> bool:
         """Whether ``protocol`` evaluates the run (pretrain, method label): its label or its method
@@ -44,15 +51,27 @@ class Plan:
         chosen = self.evaluated.get(protocol)
         return chosen is None or bool({method, self.runs[pretrain, method]["method_base"]} & set(chosen))
 
+    def is_floor(self, pretrain: str, method: str) -> bool:
+        return self.floors.get((pretrain, method)) == method
+
+    def run_seeds(self, seeds: Iterable[int]) -> list[tuple[str, str, int]]:
+        """(pretrain dataset, method label, seed) of every run: each run on ``seeds``, a floor also on
+        ``floor_seeds``."""
+        seeds = list(seeds)
+        extra = [s for s in self.floor_seeds if s not in seeds]
+        return [(p, m, s) for (p, m) in self.runs for s in seeds + (extra if self.is_floor(p, m) else [])]
+
     def result_files(self, seeds: Iterable[int]) -> list[str]:
-        """Every result JSON the plan asks for."""
+        """Every result JSON the plan asks for: each run's on ``seeds``, and a floor's on its extra seeds
+        for ``floor_protocols`` on ``floor_targets``."""
+        seeds = list(seeds)
         return [
             RESULT_FILE.format(pretrain=p, method=self.slugs[m], seed=s, target=t, protocol=protocol)
-            for (p, m) in self.runs
-            for s in seeds
+            for (p, m, s) in self.run_seeds(seeds)
             for (p2, protocol), targets in self.targets.items()
-            if p2 == p and self.evaluates(protocol, p, m)
+            if p2 == p and self.evaluates(protocol, p, m) and (s in seeds or protocol in self.floor_protocols)
             for t in targets
+            if s in seeds or t in self.floor_targets
         ]
 
 
@@ -133,6 +152,7 @@ def plan_runs(
                     **resolve_method_config(config, methods_dir, method, variant, p),
                     "method": label,
                 }
+    floors = add_floors(config, methods_dir, runs, slugs, pretrain)
     released_entries = {
         name: entry
         for name, entry in (config.get("released") or {}).items()
@@ -150,6 +170,7 @@ def plan_runs(
             f"methods to train, or put the released files in place{why}"
         )
     check_slugs(slugs)
+    check_batches(config, methods_dir, runs, targets, datasets, sources)
     evaluated, unevaluated = evaluated_methods(config, methods_dir, runs, sources)
     warnings += unevaluated
     plan_datasets = {k: without_plan_keys(v) for k, v in datasets.items()}
@@ -158,7 +179,64 @@ def plan_runs(
         for label in sorted(used)
         if datasets[label]["name"] not in LAZY_DATASETS
     }
-    return Plan(runs, slugs, targets, plan_datasets, skipped, warnings, prepared, skipped_runs, evaluated)
+    floor = {**FLOOR_DEFAULTS, **(config.get("floor") or {})}
+    floor_targets = sorted({p if t == PRETRAIN_TARGET else t for t in floor["targets"] for p in pretrain})
+    return Plan(
+        runs,
+        slugs,
+        targets,
+        plan_datasets,
+        skipped,
+        warnings,
+        prepared,
+        skipped_runs,
+        evaluated,
+        floors,
+        list(range(floor["seeds"])) if floors else [],
+        list(floor["protocols"]),
+        floor_targets,
+    )
+
+
+FLOOR_METHOD = "random"  # the untrained backbone: the floor of every run on its backbone
+FLOOR_DEFAULTS = {"seeds": 0, "protocols": [], "targets": [PRETRAIN_TARGET]}  # config/default.yaml sets them
+
+
+def floor_key(backbone: dict) -> str:
+    """What makes two runs' networks the same untrained network: their backbone settings, less an input
+    filter (DeepCluster's Sobel: a fixed part of its method, in front of the network)."""
+    return json.dumps({k: v for k, v in backbone.items() if k != "input_filter"}, sort_keys=True)
+
+
+def add_floors(config: dict, methods_dir: str | Path, runs: dict, slugs: dict, pretrain: list[str]) -> dict:
+    """{(pretrain dataset, method label): its floor's label} of every trained run, where the plan has
+    `random`: its base run is the floor of the suite's backbone, and each other backbone a run trains
+    gets a run of its own, `random[<backbone name>]` (added to ``runs`` and ``slugs``). `pixels` (no
+    network) has none."""
+    from sslbench.plan.settings import NOT_TIMM_BACKBONES
+
+    floors = {}
+    for p in pretrain:
+        if (p, FLOOR_METHOD) not in runs:
+            continue
+        by_key = {floor_key(runs[p, FLOOR_METHOD]["backbone"]): FLOOR_METHOD}
+        for (dataset, label), run in sorted(runs.items()):
+            if dataset != p or run["backbone"]["name"] in NOT_TIMM_BACKBONES:
+                continue
+            key = floor_key(run["backbone"])
+            if key not in by_key:
+                backbone = json.loads(key)
+                name = f"{FLOOR_METHOD}[{backbone['name']}]"
+                if name in by_key.values():  # another network of the same name: told apart by its settings
+                    name = (
+                        f"{FLOOR_METHOD}[{backbone['name']}-{hashlib.sha256(key.encode()).hexdigest()[:6]}]"
+                    )
+                resolved = resolve_method_config(config, methods_dir, FLOOR_METHOD, {"backbone": backbone}, p)
+                runs[p, name] = {**resolved, "method": name}
+                slugs[name] = method_slug(name)
+                by_key[key] = floors[p, name] = name
+            floors[dataset, label] = by_key[key]
+    return floors
 
 
 def evaluated_methods(
@@ -237,6 +315,68 @@ def check_subsets(datasets: dict[str, dict], sources: list[tuple[str, dict]]) ->
                     f"config key `{dotted([*key, split])}`{where}: "
                     f"{subset_too_large(section['name'], split, size, sizes[split])}"
                 )
+
+
+def train_images(section: dict) -> int | None:
+    """The images of a dataset's train split as the jobs load it (its `subset`, else the split's size
+    where it is known before loading: ``datafiles.split_sizes``), or None."""
+    from sslbench.datafiles import split_sizes
+
+    subset = (section.get("subset") or {}).get("train")
+    if subset:
+        return subset
+    sizes = split_sizes(section)
+    return sizes["train"] if sizes else None
+
+
+def check_batches(
+    config: dict,
+    methods_dir: str | Path,
+    runs: dict,
+    targets: dict,
+    datasets: dict,
+    sources: Sequence[tuple[str, dict]],
+) -> None:
+    """Every batch size against the images it is drawn from, where their number is known before
+    loading: each trained run's `train.batch_size` (and the processes it is split over), and the
+    `batch_size` of each protocol that drops the last short batch (its DROPS_LAST_BATCH) on each of
+    its targets. The jobs check the same with the same functions (``sslbench.plan.limits``)."""
+    from sslbench.plan.backbones import key_source
+    from sslbench.plan.limits import pretrain_batch_problem, protocol_batch_problem
+    from sslbench.plan.protocols import protocol_flag, protocol_settings
+
+    processes = max(1, int(config["resources"]["pretrain"].get("gpus", 0) or 0))
+    for (dataset, label), run in sorted(runs.items()):
+        available = train_images(datasets[dataset])
+        if "released" in run or available is None:
+            continue
+        problem = pretrain_batch_problem(run["train"]["batch_size"], available, processes, dataset)
+        if problem:
+            where = key_source(run, ["train", "batch_size"], config, methods_dir, sources)
+            raise ConfigError(f"{label} on {dataset}: {problem}{where}")
+    for (_, protocol), labels in sorted(targets.items()):
+        settings = protocol_settings(config, protocol)
+        if not protocol_flag(protocol, "DROPS_LAST_BATCH", settings):
+            continue
+        batch = settings.get("batch_size", protocol_literals_default(protocol, settings, "batch_size"))
+        for target in labels:
+            available = train_images(datasets[target])
+            problem = available is not None and protocol_batch_problem(protocol, batch, available)
+            if problem:
+                key = ["evaluation", protocol, "batch_size"]
+                raise ConfigError(f"config key `{dotted(key)}`{set_in(key, sources)}: {problem} ({target})")
+
+
+def protocol_literals_default(protocol: str, settings: dict, key: str):
+    """The default of a protocol setting in the mode ``settings`` choose (a mode's own DEFAULTS first)."""
+    from sslbench.plan.protocols import protocol_defaults
+
+    literals = protocol_defaults(protocol)
+    mode = settings.get("mode", literals["DEFAULTS"].get("mode"))
+    for defaults in literals.values():
+        if defaults.get("mode") == mode and key in defaults:
+            return defaults[key]
+    return literals["DEFAULTS"][key]
 
 
 def protocol_targets(config: dict, protocol: str, pretrain: str, datasets: dict, skipped: dict) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from sslbench.errors import ConfigError
 from sslbench.plan.checks import (
     COMMAND_LINE,
+    declared_schema,
     deep_merge,
     dotted,
     load_yaml,
@@ -24,7 +25,6 @@ from sslbench.plan.checks import (
     set_in,
     source_of,
     type_schema,
-    validator_class,
 )
 from sslbench.plan.protocols import protocol_problems, with_protocols
 
@@ -192,9 +192,6 @@ def check_method_keys(settings: dict, own: dict, method: str, method_file: Path,
 METHOD_SCHEMA_FILE = "schema.yaml"  # in a method folder
 
 
-TYPE_KEYWORDS = ("type", "enum", "const")  # a declaration with one of these replaces the inferred type
-
-
 @cache
 def suite_schema() -> dict:
     """config/schema.yaml of this checkout (what ``load_config`` validates the suite's settings with)."""
@@ -219,8 +216,6 @@ def method_rules(folder: Path) -> dict[str, tuple[dict, str]]:
 
 @cache
 def cached_method_rules(folder: Path, config_text: str, schema_text: str) -> dict[str, tuple[dict, str]]:
-    import jsonschema
-
     config_file, schema_file = folder / "config.yaml", folder / METHOD_SCHEMA_FILE
     own = parsed_yaml(str(config_file), config_text)
     rules = {
@@ -236,15 +231,12 @@ def cached_method_rules(folder: Path, config_text: str, schema_text: str) -> dic
                 "mapped to JSON-schema keywords (e.g. {exclusiveMinimum: 0})"
             )
         inferred, why = rules[key]
-        if set(TYPE_KEYWORDS) & set(keywords):
-            schema, why = keywords, f"{schema_file}'s {json.dumps(keywords)}"
-        else:
-            schema, why = deep_merge(inferred, keywords), f"{why} and {schema_file}'s {json.dumps(keywords)}"
         try:
-            validator_class().check_schema(schema)
-        except jsonschema.SchemaError as err:
-            raise ConfigError(f"{schema_file}: `{key}`: not a JSON schema ({err.message})") from None
-        rules[key] = (schema, why)
+            schema, replaces = declared_schema(inferred, keywords)
+        except ValueError as err:
+            raise ConfigError(f"{schema_file}: `{key}`: {err}") from None
+        given = f"{schema_file}'s {json.dumps(keywords)}"
+        rules[key] = (schema, given if replaces else f"{why} and {given}")
     return rules
 
 

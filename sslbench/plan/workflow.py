@@ -14,7 +14,6 @@ from sslbench.plan.checks import load_yaml
 from sslbench.plan.paper import paper_entries
 from sslbench.plan.paths import CODE_RECORD_FILES
 from sslbench.plan.runs import Plan, list_method_folders
-from sslbench.plan.settings import NOT_TIMM_BACKBONES
 
 
 class JobRequest(NamedTuple):
@@ -34,44 +33,13 @@ def job_requests(sections: Mapping[str, Mapping]) -> dict[str, JobRequest]:
     return requests
 
 
-def check_backbone_args(plan: Plan) -> None:
-    """Each run's backbone built once on the meta device (no memory, no weights), so that an argument
-    timm refuses stops the plan before any job, naming the run and timm's complaint."""
-    import torch
-
-    from sslbench.backbones import BackboneError, backbone_from_config
-
-    seen = set()
-    for (dataset, label), run in sorted(plan.runs.items()):
-        section = run["backbone"]
-        key = json.dumps([section, run["dataset"].get("image_size")], sort_keys=True)
-        if not section.get("args") or key in seen:
-            continue
-        seen.add(key)
-        try:
-            with torch.device("meta"):
-                backbone_from_config(run, 3, run["dataset"].get("image_size") or 224)
-        except BackboneError as err:
-            raise ConfigError(f"{label} on {dataset}: {err}") from None
-
-
 def preflight(config: dict, plan: Plan) -> None:
-    """Checks that need torch/timm or the data: run once before the first job, not at every plan.
-    Every dataset the plan uses must be there (a folder dataset is only looked for: reading an
-    ImageNet-size folder is its first job's work)."""
-    import timm
-
+    """Checks that need the data: run once before the first job, not at every plan (the backbones are
+    the plan's: ``sslbench.plan.backbones``). Every dataset the plan uses must be there (a folder
+    dataset is only looked for: reading an ImageNet-size folder is its first job's work)."""
     from sslbench.data import DatasetError, load_data
     from sslbench.datafiles import missing_files
 
-    names = {run["backbone"]["name"] for run in plan.runs.values()} - set(NOT_TIMM_BACKBONES)
-    for name in sorted(names):
-        if name not in timm.list_models():
-            raise ConfigError(
-                f"config key `backbone.name`: {name!r} is not a timm model; similar names: "
-                f"{timm.list_models(f'*{name}*')[:10] or 'none'} (see timm.list_models())"
-            )
-    check_backbone_args(plan)
     used = {run["dataset"]["label"] for run in plan.runs.values()}
     used |= {t for targets in plan.targets.values() for t in targets}
     for label in sorted(used):

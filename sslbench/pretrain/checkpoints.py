@@ -8,13 +8,12 @@ code stops the run before anything is loaded.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
 from sslbench import atomic
-from sslbench.errors import SslbenchError
+from sslbench.errors import SslbenchError, UnreadableFileError
 
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
@@ -59,9 +58,10 @@ class EpochCheckpoints:
     def save(self, epoch: int, checkpoint: dict) -> None:
         """Write epoch ``epoch``'s checkpoint atomically and prune all but the newest ones."""
         self.set_aside_superseded()
-        atomic.save_torch(self.folder / f"epoch_{epoch:04d}.pt", checkpoint)
+        atomic.save_torch(self.folder / f"epoch_{epoch:04d}.pt", checkpoint, record_digest=True)
         for old in sorted(self.folder.glob("epoch_*.pt"))[:-KEEP_CHECKPOINTS]:
             old.unlink()
+            atomic.digest_file(old).unlink(missing_ok=True)
 
     def set_aside_superseded(self) -> None:
         """Move the checkpoints of other settings into checkpoints/superseded/ before this run writes
@@ -71,8 +71,9 @@ class EpochCheckpoints:
         aside = self.folder / SUPERSEDED_DIR
         aside.mkdir(exist_ok=True)
         for path in self.superseded:
-            if path.exists():
-                path.replace(aside / path.name)
+            for moved in (path, atomic.digest_file(path)):  # its digest goes with it, to stay checked
+                if moved.exists():
+                    moved.replace(aside / moved.name)
         print(f"[sslbench] moved {len(self.superseded)} checkpoint(s) of other settings to {aside}")
         self.superseded = []
 
@@ -80,13 +81,14 @@ class EpochCheckpoints:
         self, cfg: dict, seed: int, state: dict, device, method_file: Path
     ) -> tuple[Path, dict] | None:
         """(path, contents) of the newest checkpoint of these settings that loads, or None. A corrupt
-        one is skipped with a warning; one whose method state differs from ``state`` in keys or
-        shapes (another version of ``method_file`` wrote it) raises CheckpointMismatch."""
+        one (or one whose recorded digest differs) is skipped with a warning; one whose method state
+        differs from ``state`` in keys or shapes (another version of ``method_file`` wrote it) raises
+        CheckpointMismatch."""
         for path in sorted(self.folder.glob("epoch_*.pt"), reverse=True):
             try:
-                ckpt = torch.load(path, map_location=device, weights_only=False)
-            except Exception as err:  # truncated or corrupt file: fall back to an older one
-                print(f"[sslbench] ignoring unreadable checkpoint {path}: {type(err).__name__}: {err}")
+                ckpt = atomic.load_torch(path, "epoch checkpoint", device)
+            except UnreadableFileError as err:  # an older one (or a fresh start) loses less than stopping
+                print(f"[sslbench] ignoring unreadable checkpoint {path}: {err.problem}")
                 continue
             if ckpt.get("cfg") != cfg or ckpt.get("seed") != seed:
                 print(f"[sslbench] ignoring {path}: written with other settings")
@@ -107,6 +109,48 @@ class EpochCheckpoints:
 def save_final(out_dir: Path, checkpoint: dict) -> Path:
     """checkpoint.pt (the encoder and everything extraction needs) and run.json (its settings and meta)."""
     path = out_dir / "checkpoint.pt"
-    atomic.save_torch(path, checkpoint)
+    atomic.save_torch(path, checkpoint, record_digest=True)
     atomic.write_json(out_dir / "run.json", {"cfg": checkpoint["cfg"], "meta": checkpoint["meta"]})
     return path
+
+
+def finished_run(
+    out_dir: str | Path, cfg: dict, seed: int, method_dir: str | Path, features: str | Path, prepared=None
+) -> bool:
+    """Whether ``out_dir`` already holds this very run, finished: run.json records the same settings,
+    seed, code (``code_record``) and dataset file (``prepared_digest``), and the checkpoint and the
+    pretraining set's ``features`` read back as written. The DAG keeps a run's files in place while its
+    job reruns and puts them back when it fails (Snakemake's update()), so a setting changed and then
+    set back finds its run here, and the job keeps it instead of training again."""
+    from sslbench.provenance import code_record
+
+    out_dir = Path(out_dir)
+    files = [out_dir / name for name in ("run.json", "checkpoint.pt", "train_log.csv")] + [Path(features)]
+    if not all(path.is_file() for path in files):
+        return False
+    try:
+        recorded = json.loads(files[0].read_text())
+        same = (
+            json.dumps(recorded["cfg"], sort_keys=True) == json.dumps(cfg, sort_keys=True)
+            and recorded["meta"]["seed"] == seed
+            and recorded["meta"]["code"] == code_record("pretrain", method_dir)
+            and recorded["meta"]["prepared_sha256"] == prepared_digest(prepared)
+        )
+    except (ValueError, KeyError, TypeError):
+        return False
+    if not same:
+        return False
+    try:
+        atomic.check_digest(files[1], "checkpoint")
+        atomic.check_digest(files[3], "features file")
+    except UnreadableFileError as err:
+        print(f"[sslbench] training again: {err.problem}")
+        return False
+    return True
+
+
+def prepared_digest(prepared: str | Path | None) -> str | None:
+    """The sha256 of the prepared dataset file a run trains on (run.json records it), None without one."""
+    from sslbench.provenance import sha256_file
+
+    return sha256_file(prepared) if prepared is not None else None

@@ -20,6 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.method import projection_mlp
+from sslbench.plan.limits import split_batch_norm_problem
 from sslbench.pretrain.momentum import frozen_copy
 
 # What each MoCo version changes (facebookresearch/moco README: v2 = --mlp --moco-t 0.2 --aug-plus --cos).
@@ -152,15 +153,6 @@ def use_split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
     return module
 
 
-def check_bn_splits(num_splits, batch_size: int) -> int:
-    if not isinstance(num_splits, int) or num_splits < 1 or batch_size % num_splits:
-        raise ConfigError(
-            f"config key `bn_splits` = {num_splits!r} must be a positive integer dividing the batch size "
-            f"{batch_size} of each process (`train.batch_size` / number of processes)"
-        )
-    return num_splits
-
-
 class MomentumEncoder(nn.Module):
     """A frozen deep copy of the query encoder (the modules ``online``, applied in order); the
     method declares ``(online, key_encoder)`` a momentum pair and the engine moves it."""
@@ -204,13 +196,10 @@ def query_head_and_key_encoder(
     """The version's query head on ``backbone`` and the key encoder, a frozen copy of both. The
     backbone's BatchNorm2d become split BN first (``bn_splits`` sub-batches of each process's share
     of the global ``batch_size``), so that the copy has them too."""
-    splits = check_bn_splits(bn_splits, batch_size // dist.world_size())
-    if splits > 1 and not any(isinstance(m, nn.BatchNorm2d) for m in backbone.modules()):
-        raise ConfigError(
-            f"config key `bn_splits` = {splits}: split batch norm (shuffle-BN on one process) needs the "
-            f"backbone's BatchNorm2d layers, and {type(backbone).__name__} has none (a Vision "
-            "Transformer). Set `bn_splits: 1` in method_overrides (or the variant) for this backbone."
-        )
-    use_split_batch_norm(backbone, splits)
+    has_batchnorm2d = any(isinstance(m, nn.BatchNorm2d) for m in backbone.modules())
+    problem = split_batch_norm_problem(bn_splits, batch_size // dist.world_size(), has_batchnorm2d)
+    if problem:  # the plan checked it (sslbench.plan.backbones)
+        raise ConfigError(problem)
+    use_split_batch_norm(backbone, bn_splits)
     head = moco_head(version, backbone.num_features, dim)
     return head, MomentumEncoder([backbone, head])

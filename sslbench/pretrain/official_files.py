@@ -260,7 +260,7 @@ FILE_HEADS: dict[str, tuple[tuple[str, ...], Callable[[Mapping], dict]]] = {
 def export(checkpoint_path: str | Path, format: str, out: str | Path) -> Path:
     """A checkpoint the suite trained, written as ``format``'s official file (its heads too where the
     method is the format's own: MoCo's and PCL's key encoder, query head and queue)."""
-    ckpt = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    ckpt = atomic.load_torch(checkpoint_path)
     methods, heads_of = FILE_HEADS.get(format, ((), None))
     own = ckpt["cfg"]["method_base"] in methods
     heads = heads_of(ckpt["method_state"]) if own else None

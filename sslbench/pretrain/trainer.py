@@ -34,10 +34,11 @@ from sslbench.loop import (
     set_weight_decay,
 )
 from sslbench.method import DataInfo, EpochContext, Method, checked_param_groups
+from sslbench.plan.limits import pretrain_batch_problem
 from sslbench.plan.settings import dataset_label
 from sslbench.plugins import load_method_class
 from sslbench.pretrain.batches import batch_source
-from sslbench.pretrain.checkpoints import CHECKPOINT_DIR, EpochCheckpoints, save_final
+from sslbench.pretrain.checkpoints import CHECKPOINT_DIR, EpochCheckpoints, prepared_digest, save_final
 from sslbench.pretrain.momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from sslbench.provenance import code_record, provenance
 
@@ -117,7 +118,8 @@ class Trainer:
         self.device = dist.init_from_env(device)
         self.world, self.rank = dist.world_size(), dist.rank()
         self.progress = progress and dist.is_main()
-        self.data = load_data(cfg, prepared)  # prepared: the dataset's file from `sslbench prepare`
+        self.prepared = prepared  # the dataset's file from `sslbench prepare`
+        self.data = load_data(cfg, prepared)
         self.method = build_method(method_dir, cfg, self.data, seed).to(self.device)
         self.mean, self.std = mean, std = normalisation(self.data)  # stored in the checkpoint for extract
         size, channels = self.data.image_size, self.data.channels
@@ -134,16 +136,9 @@ class Trainer:
         self.images = batch_source(self.data.train, self.device, self.train_cfg.get("workers", 4))
         self.labels = self.data.train.labels.to(self.device)
         self.batch_size = int(self.train_cfg["batch_size"])
-        if self.batch_size > len(self.labels):
-            raise ConfigError(
-                f"config key `train.batch_size` = {self.batch_size} exceeds the {len(self.labels)} training "
-                f"images of {cfg['dataset']['name']}; use a batch size of at most {len(self.labels)}"
-            )
-        if self.batch_size % self.world:
-            raise ConfigError(
-                f"config key `train.batch_size` = {self.batch_size} (the global batch) must be "
-                f"divisible by the {self.world} processes"
-            )
+        problem = pretrain_batch_problem(self.batch_size, len(self.labels), self.world, dataset_label(cfg))
+        if problem:  # the plan checked it where the split's size is known before loading
+            raise ConfigError(problem)
         self.local_batch = self.batch_size // self.world
         self.steps_per_epoch = len(self.labels) // self.batch_size  # drop_last: fixed-size batches (queues)
         # The pairs first: a target left trainable is named as such, not as a parameter left out of a group.
@@ -413,6 +408,7 @@ class Trainer:
             "fast_paths": self.fast_paths(),
             **provenance(self.device),
             "code": code_record("pretrain", self.method_dir),  # the files this job ran, with their sha256
+            "prepared_sha256": prepared_digest(self.prepared),  # the dataset file it trained on
         }
         if not dist.is_main():
             return self.out_dir / "checkpoint.pt"

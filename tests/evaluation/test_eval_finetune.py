@@ -236,7 +236,10 @@ def test_layer_decay_moves_the_embeddings_less_than_the_last_block(mae_checkpoin
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"batch_size": 63}, "even"), ({"batch_size": 4096}, "larger than the train split")],
+    [
+        ({"batch_size": 63}, r"`evaluation\.finetune\.batch_size`: 63 is not a multiple of 2"),
+        ({"batch_size": 4096}, r"`evaluation\.finetune\.batch_size`: .* larger than the 1347 train images"),
+    ],
 )
 def test_a_batch_mixup_cannot_pair_is_refused(mae_checkpoint, change, message):
     with pytest.raises(ProtocolError, match=message):

@@ -111,14 +111,39 @@ def test_unknown_setting_and_bad_variant_are_errors():
     features = feature_dict(train, labels, test, labels[: len(test)], c)
     with pytest.raises(ValueError, match=r"'neighbours'.*known settings are \['variants'\]"):
         knn.evaluate(features, {"neighbours": 5}, seed=0)
-    with pytest.raises(ValueError, match="'k' and 'temperature'"):
+    with pytest.raises(ValueError, match=r"`evaluation\.knn\.variants\.0`: 'temperature' is a required"):
         knn.evaluate(features, {"variants": [{"k": 5}]}, seed=0)
-    with pytest.raises(ValueError, match="variants` is empty"):
+    with pytest.raises(ValueError, match=r"`evaluation\.knn\.variants`: \[\] should be non-empty"):
         knn.evaluate(features, {"variants": []}, seed=0)
-    with pytest.raises(ValueError, match="temperature > 0"):
-        knn.evaluate(features, {"variants": [{"k": 5, "temperature": 0.0}]}, seed=0)
     with pytest.raises(ValueError, match="missing key"):
         knn.evaluate({"train": features["train"]}, {}, seed=0)
+
+
+@pytest.mark.parametrize(
+    "variant, key, rule",
+    [
+        ({"k": 0, "temperature": 0.1}, "variants.0.k", "0 is less than the minimum of 1"),
+        (
+            {"k": 5, "temperature": 0.0},
+            "variants.0.temperature",
+            "0.0 is less than or equal to the minimum of 0",
+        ),
+    ],
+)
+def test_a_variant_out_of_its_range_is_refused_in_the_plans_words(variant, key, rule):
+    """The job judges by the plan's rules (the module's RULES), naming the key as the plan does; a value at
+    the rule's edge runs."""
+    from evaluation.common import ProtocolError
+
+    train, labels, test, c = random_problem(5)
+    features = feature_dict(train, labels, test, labels[: len(test)], c)
+    with pytest.raises(ProtocolError) as err:
+        knn.evaluate(features, {"variants": [variant]}, seed=0)
+    assert f"`evaluation.knn.{key}`: {rule}" in str(err.value) and "RULES" in str(err.value)
+    with pytest.raises(ProtocolError, match=f"`evaluation.knn.{key}`"):
+        knn.knn_classify(train, labels, test, variant["k"], variant["temperature"], c)
+    metrics, _ = knn.evaluate(features, {"variants": [{"k": 1, "temperature": 0.01}]}, seed=0)
+    assert set(metrics) == {"top1_k1_t0.01", "top5_k1_t0.01"}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

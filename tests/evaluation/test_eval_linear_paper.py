@@ -185,7 +185,7 @@ def test_paper_mode_errors(checkpoint):
         linear.evaluate(None, {"mode": "paper"}, 0)
     with pytest.raises(ValueError, match=r"'lr_max'.*known settings are"):
         linear.evaluate(None, {"mode": "paper", "lr_max": 1}, 0, checkpoint_path=checkpoint)
-    with pytest.raises(ValueError, match="lr > 0"):
+    with pytest.raises(ValueError, match=r"`evaluation\.linear\.lr`: 0 is less than or equal to the minimum"):
         linear.evaluate(None, {"mode": "paper", "lr": 0}, 0, checkpoint_path=checkpoint)
     with pytest.raises(ValueError, match="lower the setting `lr`"):
         linear.evaluate(None, {**FAST, "epochs": 1, "lr": 1e38}, 0, checkpoint_path=checkpoint)
@@ -373,7 +373,12 @@ def test_mae_learning_rate_warms_up_then_follows_a_cosine_per_step(checkpoint, m
 
 
 def test_mae_mode_settings_of_other_modes(checkpoint):
-    from sslbench.plan.protocols import protocol_needs_checkpoint, protocol_problems, protocol_reads_images
+    from sslbench.plan.protocols import (
+        protocol_flag,
+        protocol_needs_checkpoint,
+        protocol_problems,
+        protocol_reads_images,
+    )
 
     merged = {"mode": "mae", "weight_decay_grid": [1e-4], "val_fraction": 0.2, "max_iter": 5}  # cached keys
     used, ignored = linear.resolve_paper_settings(merged)
@@ -387,8 +392,15 @@ def test_mae_mode_settings_of_other_modes(checkpoint):
         linear.evaluate(None, {"mode": "mae"}, 0)
     with pytest.raises(ValueError, match="warmup_epochs <= epochs"):
         linear.evaluate(None, {"mode": "mae", "epochs": 5}, 0, checkpoint_path=checkpoint)
-    with pytest.raises(ValueError, match="batch_size must be >= 2"):
+    with pytest.raises(
+        ValueError, match=r"`evaluation\.linear\.batch_size` = 1: in mode 'mae' batch_size must be >= 2"
+    ):
         linear.evaluate(None, {"mode": "mae", "batch_size": 1}, 0, checkpoint_path=checkpoint)
+    # MAE's loader drops the last short batch (DROPS_LAST_BATCH): a batch the train split cannot fill
+    with pytest.raises(
+        ValueError, match=r"`evaluation\.linear\.batch_size`: .* larger than the 1347 train images"
+    ):
+        linear.evaluate(None, {**MAE_FAST, "batch_size": 1348}, 0, checkpoint_path=checkpoint)
     with pytest.raises(ValueError, match="unknown mode 'mea'; known modes are 'cached', 'paper', 'mae'"):
         linear.evaluate(None, {"mode": "mea", "lr": 1.0}, 0, checkpoint_path=checkpoint)
     with pytest.raises(ValueError, match="lower the setting `lr`"):
@@ -396,6 +408,8 @@ def test_mae_mode_settings_of_other_modes(checkpoint):
     # The planner reads the same: the mode's images and checkpoint are its job's inputs, and the
     # section's keys are checked against the mode's own defaults and the cached mode's.
     assert protocol_reads_images("linear", {"mode": "mae"})
+    assert protocol_flag("linear", "DROPS_LAST_BATCH", {"mode": "mae"})
+    assert not protocol_flag("linear", "DROPS_LAST_BATCH", {"mode": "paper"})
     assert protocol_needs_checkpoint("linear", {"mode": "mae"})
     assert protocol_problems("linear", merged | {"warmup_epochs": 1, "lr": 0.1}, []) == []
     (problem,) = protocol_problems("linear", {"mode": "mae", "milestones": [60]}, [])

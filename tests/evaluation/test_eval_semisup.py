@@ -119,7 +119,9 @@ def test_finetuning_beats_the_untrained_head(checkpoint, result, tmp_path):
         ckpt, load_data(ckpt["cfg"]), {**FAST, "epochs": {"1pct": 0, "10pct": 0}}, 0, tmp_path
     )
     trained, _ = result
-    assert untrained["top1_10pct"] < CHANCE_MARGIN  # a N(0, 0.01) head on frozen features: ~ chance
+    # A fixed N(0, 0.01) head is no random guess: it sends whole regions of feature space to one class,
+    # so its top-1 sits near chance by an amount that depends on the processor's last bits (0.164 of 450
+    # test digits on an AMD EPYC). What fine-tuning must show is the gain over it, on every subset.
     for name in semisup.FRACTIONS:
         assert trained[f"top1_{name}"] > max(CHANCE_MARGIN, untrained[f"top1_{name}"] + 0.05), name
 
@@ -181,8 +183,10 @@ def test_settings_errors(checkpoint):
         semisup.evaluate(None, {}, 0)
     with pytest.raises(ValueError, match=r"'lr'.*known settings are"):
         semisup.evaluate(None, {"lr": 0.1}, 0, checkpoint_path=checkpoint)
-    with pytest.raises(ValueError, match="`epochs` must map"):
+    with pytest.raises(ValueError, match=r"`evaluation\.semisup\.epochs`: 10 is not of type 'object'"):
         semisup.evaluate(None, {"epochs": 10}, 0, checkpoint_path=checkpoint)
+    with pytest.raises(ValueError, match=r"`evaluation\.semisup\.epochs` = \{'1pct': 10\} must map exactly"):
+        semisup.evaluate(None, {"epochs": {"1pct": 10}}, 0, checkpoint_path=checkpoint)
     with pytest.raises(ValueError, match="`subset_files` must map exactly"):
         semisup.evaluate(None, {"subset_files": {"1pct": "a.txt"}}, 0, checkpoint_path=checkpoint)
     with pytest.raises(ValueError, match="features have 100 classes"):

@@ -10,7 +10,8 @@ import yaml
 from support import REPO, tiny_suite_config
 
 from sslbench.errors import ConfigError
-from sslbench.plan.protocols import protocol_defaults
+from sslbench.plan.backbones import check_backbones
+from sslbench.plan.protocols import PLANNING_LITERALS, protocol_defaults, protocol_literals
 from sslbench.plan.runs import plan_runs, selected_methods
 from sslbench.plan.settings import config_sources, load_config
 from sslbench.plan.workflow import preflight
@@ -78,13 +79,14 @@ def test_default_and_every_preset_validate():
 
 def checked_plan(cfg):
     plan = plan_runs(cfg, REPO / "methods", ["random"])
+    check_backbones(plan, cfg, REPO / "methods", facts_file=None)
     preflight(cfg, plan)
 
 
 def test_unknown_backbone_is_caught_before_training():
     cfg = tiny_suite_config()
     cfg["backbone"]["name"] = "resnet_18"
-    with pytest.raises(ConfigError, match=r"`backbone.name`: 'resnet_18' is not a timm model"):
+    with pytest.raises(ConfigError, match=r"unknown backbone 'resnet_18' \(config key `backbone.name`\)"):
         checked_plan(cfg)
 
 
@@ -275,6 +277,87 @@ def test_an_unknown_or_mistyped_protocol_setting_is_named(tmp_path, section, wor
         assert word in message, message
 
 
+# (protocol, a value out of its range, the same setting at the rule's edge, the key named, the rule's words)
+OUT_OF_RANGE = [
+    ("finetune", {"layer_decay": 1.5}, {"layer_decay": 1.0}, "layer_decay", "greater than the maximum of 1"),
+    ("finetune", {"epochs": -1}, {"epochs": 1}, "epochs", "-1 is less than the minimum of 1"),
+    ("finetune", {"batch_size": 63}, {"batch_size": 2}, "batch_size", "63 is not a multiple of 2"),
+    (
+        "knn",
+        {"variants": [{"k": 0, "temperature": 0.1}]},
+        {"variants": [{"k": 1, "temperature": 0.1}]},
+        "variants.0.k",
+        "0 is less than the minimum of 1",
+    ),
+    ("semisup", {"val_fraction": 1.0}, {"val_fraction": 0.99}, "val_fraction", "greater than or equal to"),
+    ("semisup", {"lr_grid": [0.01, 0.0]}, {"lr_grid": [1e-9]}, "lr_grid.1", "less than or equal to"),
+    ("linear", {"mode": "paper", "lr": 0.0}, {"mode": "paper", "lr": 1e-9}, "lr", "less than or equal to"),
+    ("linear", {"val_fraction": 0.0}, {"val_fraction": 0.01}, "val_fraction", "less than or equal to"),
+    ("lowshot_svm", {"cv_folds": 1}, {"cv_folds": 2}, "cv_folds", "1 is less than the minimum of 2"),
+    ("clustering", {"niter": 0}, {"niter": 1}, "niter", "0 is less than the minimum of 1"),
+]
+
+
+def job_error(protocol: str, settings: dict, tmp_path) -> Exception:
+    """What the protocol's job raises first with these settings and inputs that are not there (no
+    features, no checkpoint): its settings are judged before anything is read."""
+    import importlib
+
+    module = importlib.import_module(f"evaluation.{protocol}")
+    extra = {"checkpoint_path": tmp_path / "absent.pt"} if getattr(module, "NEEDS_CHECKPOINT", False) else {}
+    with pytest.raises(Exception) as err:
+        module.evaluate(None, settings, 0, **extra)
+    return err.value
+
+
+@pytest.mark.parametrize("protocol, bad, edge, key, rule", OUT_OF_RANGE, ids=lambda v: str(v)[:40])
+def test_a_protocol_setting_out_of_its_range_stops_the_plan_and_the_job_alike(
+    tmp_path, protocol, bad, edge, key, rule
+):
+    """The plan names the key, the file that set it, the rule (its RULES) and the fix; the job raises
+    the same words (one judge), less the file; a value at the rule's edge passes both."""
+    from evaluation.common import ProtocolError
+
+    message = plan_error(tmp_path, {"evaluation": {protocol: bad}})
+    set_in = f" (set in {tmp_path / 'preset.yaml'})"
+    line = next(line for line in message.splitlines() if f"`evaluation.{protocol}.{key}`" in line)
+    assert f"`evaluation.{protocol}.{key}`{set_in}: " in line and rule in line, message
+    assert f"evaluation/{protocol}.py's rule for" in line and "RULES'" in line and "Give a value" in line
+    refused = job_error(protocol, bad, tmp_path)
+    assert isinstance(refused, ProtocolError) and str(refused) == line.strip().replace(set_in, "")
+
+    edge_path = tmp_path / "edge.yaml"
+    edge_path.write_text(yaml.safe_dump({"evaluation": {protocol: edge}}))
+    load_config(CONFIG_DIR, [edge_path])
+    stopped = job_error(protocol, edge, tmp_path)  # by the absent input, past the settings
+    assert not isinstance(stopped, ProtocolError), stopped
+
+
+def test_every_protocols_rules_hold_for_its_own_defaults():
+    from sslbench.plan.protocols import protocol_names, setting_problems
+
+    for protocol in protocol_names():
+        for name, defaults in protocol_defaults(protocol).items():
+            assert setting_problems(protocol, defaults) == [], (protocol, name)
+
+
+@pytest.mark.parametrize(
+    "rules, words",
+    [
+        ({"neighbours": {"minimum": 1}}, "RULES' `neighbours` must be one of its settings"),
+        ({"variants": {"minItems": -1}}, "RULES' `variants`: not a JSON schema"),
+    ],
+)
+def test_a_protocols_unsound_rule_is_named(rules, words):
+    from sslbench.plan.protocols import cached_setting_rules
+    from sslbench.provenance import module_file
+
+    path = module_file("evaluation.knn")
+    text = f"{path.read_text()}\nRULES = {rules!r}\n"  # the last assignment is the one read
+    with pytest.raises(ConfigError, match=f"evaluation/knn.py: {re.escape(words)}"):
+        cached_setting_rules("knn", str(path), text, None)
+
+
 def test_a_modes_own_protocol_settings_are_known_in_that_mode(tmp_path):
     path = tmp_path / "paper.yaml"
     path.write_text(yaml.safe_dump({"evaluation": {"linear": {"mode": "paper", "lr": 3.0, "epochs": 10}}}))
@@ -289,6 +372,9 @@ def test_the_planner_reads_each_protocols_own_defaults(protocol):
     read = protocol_defaults(protocol)
     assert read["DEFAULTS"] == module.DEFAULTS
     assert {name: getattr(module, name) for name in read} == read
+    literals = protocol_literals(protocol)  # and what it declares for planning: RULES, the flags
+    assert {name: getattr(module, name) for name in literals} == literals
+    assert set(literals) - set(read) == {n for n in (*PLANNING_LITERALS, "RULES") if hasattr(module, n)}
 
 
 PRESETS = sorted(p for p in (REPO / "config").glob("*.yaml") if p.name not in ("schema.yaml", "default.yaml"))

@@ -2,6 +2,7 @@
 with the command that rebuilds it, and outputs get the permissions a plain open() gives."""
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -10,11 +11,11 @@ import subprocess
 import pandas as pd
 import pytest
 import torch
-from support import METHODS_DIR, REPO, tiny_suite_config
+from support import METHODS_DIR, REPO, pretrain_args, tiny_suite_config
 
 from sslbench import atomic, cli
-from sslbench.collect import collect
-from sslbench.errors import DEBUG_VARIABLE
+from sslbench.collect import collect, result_files
+from sslbench.errors import DEBUG_VARIABLE, UnreadableFileError
 from sslbench.evaluate import run_protocol
 from sslbench.extract.featurefile import load_features, save_features
 from sslbench.extract.features import extract, read_checkpoint
@@ -100,18 +101,139 @@ def test_a_truncated_output_is_named_with_its_rebuild_command(kind, finished, tm
     assert "Traceback" not in message
 
 
-def test_a_truncated_epoch_checkpoint_is_named_and_an_older_one_or_a_fresh_start_used(
-    finished, tmp_path, capsys
+@pytest.mark.parametrize("damage", ["truncated", "changed in place"])
+def test_a_damaged_epoch_checkpoint_is_named_and_an_older_one_or_a_fresh_start_used(
+    damage, finished, tmp_path, capsys
 ):
     run = tmp_path / "run"
     shutil.copytree(finished / RUN / "checkpoints", run / "checkpoints")
     newest = sorted((run / "checkpoints").glob("epoch_*.pt"))[-1]
-    newest.write_bytes(newest.read_bytes()[:1000])
+    if damage == "truncated":
+        newest.write_bytes(newest.read_bytes()[:1000])
+    else:
+        damage_in_place(newest)
     cfg = resolve_method_config(tiny_suite_config(epochs=1), METHODS_DIR, "simclr")
     trainer = Trainer(METHODS_DIR / "simclr", cfg, 0, run, device="cpu", progress=False)
     assert not trainer.resume()  # the only epoch checkpoint is unreadable: training starts afresh
     printed = capsys.readouterr().out
-    assert f"ignoring unreadable checkpoint {newest}" in printed and "Traceback" not in printed
+    assert f"ignoring unreadable checkpoint {newest}: unreadable epoch checkpoint" in printed, printed
+    assert "Traceback" not in printed and "Rebuild it" not in printed  # the run itself rebuilds it
+
+
+# --------------------------------------------------------------------------- files changed in place
+def damage_in_place(path, nbytes: int = 4096) -> None:
+    """Overwrite ``nbytes`` in the middle of the file (a checkpoint's tensors) with other bytes, keeping
+    its size, as a bad disk sector or a stray write would: the file still loads, only its digest tells."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek((size - nbytes) // 2)
+        old = f.read(nbytes)
+        f.seek((size - nbytes) // 2)
+        f.write(bytes(b ^ 0x5A for b in old))
+    assert path.stat().st_size == size
+
+
+READERS = ["extract", "evaluate: features", "evaluate: checkpoint", "export"]
+
+
+def reader(kind: str, results, tmp_path) -> tuple[list, object]:
+    """(the command of the job that reads a checkpoint or features file, the file it writes)."""
+    run = results / RUN
+    checkpoint = ["--checkpoint", run / "checkpoint.pt"]
+    if kind == "extract":
+        out = run / "features" / "transfer.npz"
+        return ["extract", *checkpoint, "--out", out, "--device", "cpu"], out
+    if kind == "export":
+        out = tmp_path / "exported.pth"
+        return ["export", *checkpoint, "--format", "moco", "--out", out], out
+    protocol = "knn" if kind == "evaluate: features" else "semisup"  # semisup reads the checkpoint too
+    out = run / "eval" / "digits" / f"{protocol}.json"
+    evaluate = ["evaluate", "--protocol", protocol, "--features", run / "features.npz", "--seed", 0]
+    return [*evaluate, "--out", out, *(checkpoint if protocol == "semisup" else [])], out
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_a_file_changed_in_place_is_named_with_its_rebuild_command_and_nothing_is_written(
+    kind, finished, tmp_path, no_debug
+):
+    results = tmp_path / "results"
+    shutil.copytree(finished, results)
+    path = results / RUN / ("features.npz" if kind == "evaluate: features" else "checkpoint.pt")
+    damage_in_place(path)
+
+    argv, out = reader(kind, results, tmp_path)
+    message = expected_error(argv)
+    assert message.startswith(f"sslbench {kind.split(':')[0]}: error: {path}: unreadable"), message
+    assert "truncated or corrupted since it was written" in message, message
+    assert f"Rebuild it: snakemake --cores all --forcerun {path}" in message, message
+    assert not out.exists() and not list(out.parent.glob(".*.tmp"))
+    assert result_files(results) == []  # no result JSON, so no row in the table
+
+
+@pytest.mark.parametrize("digest", ["recorded", "absent"])
+@pytest.mark.parametrize("kind", READERS)
+def test_an_untouched_file_passes_its_digest_check(kind, digest, finished, tmp_path):
+    """An untouched file reads; so does one without a recorded digest (a file written before digests
+    were recorded), unchecked."""
+    results = tmp_path / "results"
+    shutil.copytree(finished, results)
+    for name in ("checkpoint.pt", "features.npz"):
+        path = results / RUN / name
+        recorded = atomic.digest_file(path).read_text()
+        assert recorded == f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {name}\n"  # sha256sum's
+        if digest == "absent":
+            atomic.digest_file(path).unlink()
+    argv, out = reader(kind, results, tmp_path)
+    if kind == "evaluate: checkpoint":  # semisup's shortest fine-tuning
+        argv += ["--settings-json", json.dumps({"epochs": {"1pct": 1, "10pct": 1}, "lr_grid": [0.01]})]
+    cli.main([str(a) for a in argv])
+    assert out.is_file()
+
+
+def test_a_rerun_rewrites_the_checkpoint_its_features_and_their_digests(finished, tmp_path):
+    """A rerun writes a new checkpoint.pt and features over the old ones: the digests recorded with
+    the old files never make the new ones fail."""
+    run = tmp_path / RUN
+    shutil.copytree(finished / RUN, run)
+    old = {name: atomic.digest_file(run / name).read_text() for name in ("checkpoint.pt", "features.npz")}
+    cfg = resolve_method_config(tiny_suite_config(epochs=2), METHODS_DIR, "simclr")
+    cli.main([*pretrain_args(cfg, run), "--features-out", str(run / "features.npz")])
+    for name in old:
+        assert atomic.digest_file(run / name).read_text() != old[name], name
+    # The epoch checkpoint of the other settings is set aside with its digest.
+    assert (run / "checkpoints" / "superseded" / "epoch_0001.pt.sha256").is_file()
+    cli.main(["extract", "--checkpoint", str(run / "checkpoint.pt"), "--out", str(tmp_path / "f.npz")])
+    knn = ["evaluate", "--protocol", "knn", "--features", str(run / "features.npz"), "--seed", "0"]
+    cli.main([*knn, "--out", str(tmp_path / "knn.json")])
+    assert (tmp_path / "knn.json").is_file()
+
+
+def test_a_rewrite_drops_the_old_digest_before_the_new_file_is_in_place(tmp_path, monkeypatch):
+    """Whatever replaces a file removes its digest first, so that no crash can leave the new file
+    beside the old digest; a file without one (written before digests, or copied without its
+    .sha256) is read unchecked."""
+    path = tmp_path / "file"
+    atomic.write_bytes(path, b"first", record_digest=True)
+    atomic.check_digest(path, "file")
+    digest_at_rename = []
+    rename = os.replace
+
+    def observed(src, dst):  # the moment a crash would leave the new file in place
+        if dst == path:
+            digest_at_rename.append(atomic.digest_file(path).exists())
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", observed)
+    atomic.write_bytes(path, b"second", record_digest=True)
+    atomic.write_bytes(path, b"third")
+    assert digest_at_rename == [False, False]
+    assert not atomic.digest_file(path).exists()
+    atomic.check_digest(path, "file")  # no digest: unchecked
+
+    atomic.write_bytes(path, b"fourth", record_digest=True)
+    path.write_bytes(b"fifth!")  # changed behind its digest's back, at the same size
+    with pytest.raises(UnreadableFileError, match=f"{path}: unreadable file, truncated or corrupted since"):
+        atomic.check_digest(path, "file")
 
 
 # --------------------------------------------------------------------------- a full disk
@@ -147,6 +269,23 @@ def leave_free(disk, nbytes: int) -> None:
         os.ftruncate(fd, max(0, os.fstat(fd).st_size - nbytes))
     finally:
         os.close(fd)
+
+
+def test_a_failed_job_removes_the_digests_it_wrote_and_keeps_the_older_ones(tmp_path):
+    """Snakemake puts a failed job's previous outputs back (update()), not their digests: the digests the
+    job wrote go, so the restored files read unchecked instead of failing against a new digest."""
+    old, new = tmp_path / "kept.npz", tmp_path / "rewritten.pt"
+    atomic.write_bytes(old, b"a file the job never rewrites", record_digest=True)
+    atomic.write_bytes(new, b"the previous version", record_digest=True)
+    with pytest.raises(RuntimeError, match="refused"):
+        with atomic.digests_of_a_failed_job_removed(old, new, None):
+            atomic.write_bytes(new, b"the version of the job", record_digest=True)
+            raise RuntimeError("refused at the last step")
+    assert atomic.digest_file(old).exists() and not atomic.digest_file(new).exists()
+    with atomic.digests_of_a_failed_job_removed(new):
+        atomic.write_bytes(new, b"a job that ends well", record_digest=True)
+    atomic.check_digest(new, "file")
+    assert atomic.digest_file(new).exists()
 
 
 def test_a_full_disk_keeps_the_previous_outputs_and_names_the_path(finished, small_disk, no_debug):
