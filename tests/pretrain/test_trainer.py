@@ -7,7 +7,7 @@ import pytest
 import torch
 from support import METHODS_DIR, require
 
-from sslbench import cli
+from sslbench import atomic, cli
 from sslbench.loop import TrainingDiverged, learning_rate, make_optimizer, uses_fused_optimizer
 from sslbench.pretrain.checkpoints import CheckpointMismatch
 from sslbench.pretrain.trainer import Trainer, pretrain
@@ -135,7 +135,7 @@ def test_a_checkpoint_of_other_method_code_is_refused_by_name_and_nothing_is_loa
     # still match, so a load without the check would copy them before failing.
     state["classifier.kernel"] = state.pop("classifier.weight")
     state["classifier.bias"] = torch.cat([state["classifier.bias"], torch.zeros(3)])
-    torch.save(ckpt, path)
+    atomic.save_torch(path, ckpt, record_digest=True)  # as that code's trainer wrote it
 
     fresh = Trainer(METHODS_DIR / "supervised", cfg, 0, tmp_path, progress=False)
     before = live_state(fresh.method)
