@@ -69,6 +69,15 @@ onstart:
                               "--keep-going to run the other methods (results/failures.csv will name these).")
 
 
+onsuccess:
+    # The first command shows the result: the leaderboard, and where the rest is (the report's imports
+    # are paid here, at the end, never while planning).
+    from sslbench.report.tables import finished_message
+
+    with expected_errors("sslbench", print_traceback=True):
+        print(finished_message(Path("results")))
+
+
 include: "rules/common.smk"
 include: "rules/prepare.smk"
 include: "rules/pretrain.smk"

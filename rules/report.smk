@@ -14,6 +14,7 @@ rule report:
         table_md=report("results/table.md", category="Tables"),
         summary=report("results/summary.csv", category="Tables"),
         comparisons=report("results/comparisons.csv", category="Tables"),
+        margins=report("results/margins.csv", category="Tables"),
         ablations=report("results/ablations.csv", category="Tables"),
         cost=report("results/cost.csv", category="Tables"),
         figures=report(directory("results/figures"), patterns=["{name}.png"], category="Figures"),

@@ -21,8 +21,9 @@ __all__ = ["ReportInputError", "build_report"]
 def build_report(
     results_dir: str | Path, methods_dir: str | Path, config_dir: str | Path, out_dir: str | Path
 ) -> Path:
-    """Write summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv, ablations.csv,
-    table.md, figures/*.png and report.html into ``out_dir``; return the path of report.html."""
+    """Write summary.csv, comparisons.csv, margins.csv, reproduced.csv, cost.csv, environment.csv,
+    ablations.csv, table.md, figures/*.png and report.html into ``out_dir``; return the path of
+    report.html."""
     results_dir, out_dir = Path(results_dir), Path(out_dir)
     table = read_table(results_dir)
     runs = read_runs(results_dir, table)

@@ -338,10 +338,8 @@ def estep_assignments(run: Run) -> list[tuple[str, np.ndarray]]:
     path = run.folder / "checkpoint.pt"
     if not path.is_file():
         return []
-    import torch
-
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("method_state", {})
+        state = atomic.load_torch(path, mmap=True).get("method_state", {})
     except Exception as err:  # optional picture: a broken checkpoint is reported, not fatal here
         print(f"[sslbench] report: skipping E-step clusters of {path}: {type(err).__name__}: {err}")
         return []

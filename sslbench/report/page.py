@@ -18,24 +18,31 @@ from sslbench.report.stats import (
     ALPHA,
     HEADLINE,
     MISSING,
+    SAME_MARK,
+    Leaderboard,
     best_methods,
+    comparison_kind,
     comparison_matrix,
+    family_resolution,
     headline_stats,
     headline_table,
     pair_id,
     pair_name,
-    significant,
 )
 from sslbench.report.tables import (
-    MATRIX_NOTE,
     STALE_NOTE,
     Run,
     Tables,
     comparisons_display,
     cost_display,
     first_seed_runs,
+    fmt_points,
+    headline_notes,
     known_text,
+    leaderboard_display,
+    leaderboard_notes,
     mark_stale,
+    marks_notes,
     reproduced_display,
     summary_display,
     versions_display,
@@ -57,12 +64,19 @@ details{margin:.5em 0}summary{cursor:pointer}
 table.matrix td,table.matrix th{padding:.1em .3em;font-size:.85em}
 table.matrix th.col{writing-mode:vertical-rl;transform:rotate(180deg);text-align:left;vertical-align:bottom}
 table.matrix td.better{background:#d9f0d3}table.matrix td.worse{background:#fbe0dc}
-table.matrix td.better.sig{background:#1b7837;color:#fff;font-weight:bold}
-table.matrix td.worse.sig{background:#b2182b;color:#fff;font-weight:bold}
+table.matrix td.better.resolved{background:#1b7837;color:#fff;font-weight:bold}
+table.matrix td.worse.resolved{background:#b2182b;color:#fff;font-weight:bold}
+table.matrix td.better.exact{background:#a6dba0;font-style:italic}
+table.matrix td.worse.exact{background:#f4a582;font-style:italic}
+table.matrix td.tie{background:#fff}
 table.matrix td.self{background:#eee}table.matrix td.untested{background:#fff;color:#888}
 """
 
-NUMERIC_CELL = re.compile(r"^[-+−]?[\d.]+(e[-+]?\d+)?( ± [\d.]+)?( \(n=1\))?$|^—$")
+NUMBER = r"[-+−]?[\d.]+(e[-+]?\d+)?"
+# a number, with its std, one-seed or same-on-every-seed mark, seed count or interval where it has them
+NUMERIC_CELL = re.compile(
+    rf"^{NUMBER}( ± [\d.]+)?( \(n=1\)| {SAME_MARK})?( \(n=\d+\))?( \[{NUMBER}, {NUMBER}\])?$|^—$"
+)
 
 
 def html_table(
@@ -97,10 +111,16 @@ def html_figure(png: bytes, figure_id: str, caption: str) -> str:
     )
 
 
+def leaderboard_html(board: Leaderboard, stale: set[str]) -> str:
+    table = html_table(leaderboard_display(board, stale), f"table-leaderboard-{pair_id(*board.pair)}")
+    return table + "".join(map(note, leaderboard_notes(board)))
+
+
 def headline_html(summary: pd.DataFrame, pair: tuple[str, str], footnote: str, stale: set[str]) -> str:
     cells = headline_table(summary, pair)
     best = best_methods(headline_stats(summary, pair)["mean"])
-    return methods_table_html(cells, best, f"table-headline-{pair_id(*pair)}", stale) + note(footnote)
+    table = methods_table_html(cells, best, f"table-headline-{pair_id(*pair)}", stale)
+    return table + "".join(map(note, headline_notes(summary, pair, footnote, cells)))
 
 
 def methods_table_html(cells: pd.DataFrame, best: dict[str, set[str]], table_id: str, stale: set[str]) -> str:
@@ -109,20 +129,25 @@ def methods_table_html(cells: pd.DataFrame, best: dict[str, set[str]], table_id:
     return html_table(mark_stale(cells, stale).reset_index(), table_id, bold)
 
 
-def comparison_cell(diff: float, p: float, n: float, row: str, column: str) -> str:
-    """One cell of a methods × methods matrix: row − column in % points, coloured by sign, strong
-    where the paired test clears the noise; the full numbers in its title."""
+def comparison_cell(parts: dict[str, pd.DataFrame], row: str, column: str) -> str:
+    """One cell of a methods × methods matrix: row − column in % points, coloured by sign (a tie is
+    white), strong where Holm's correction resolves it, pale within noise, italic where it is the
+    same on every seed (exact); the interval and p-values in its title."""
     if row == column:
         return '<td class="self"></td>'
+    diff, low, high, p, p_adjusted, n = (
+        parts[k].loc[row, column] for k in ("diff", "ci_low", "ci_high", "p", "p_adjusted", "n")
+    )
     if not pd.notna(diff):
         return f'<td class="untested">{MISSING}</td>'
     side = "better" if diff > 0 else "worse" if diff < 0 else "tie"
-    tested = n >= 2
-    kind = f"{side} sig" if significant(p, n) else side if tested else f"{side} untested"
-    p_text = f"p = {p:.3g}" if tested else "untested (n < 2)"
-    title = f"{row} − {column}: {100 * diff:+.2f} % points, {p_text}, n = {int(n)}"
-    shown = f"{100 * diff:+.1f}".replace("-", "−")
-    return f'<td class="{kind}" title="{html.escape(title)}">{shown}</td>'
+    kind = comparison_kind(n, p_adjusted)
+    tests = {
+        "untested": "untested (n < 2)",
+        "exact": "the same difference on every seed: no test",
+    }.get(kind, f"95% CI {fmt_points(low)} to {fmt_points(high)}, p = {p:.3g}, Holm p = {p_adjusted:.3g}")
+    title = f"{row} − {column}: {fmt_points(diff)} % points, {tests}, n = {int(n)}"
+    return f'<td class="{side} {kind}" title="{html.escape(title)}">{fmt_points(diff, 1)}</td>'
 
 
 def comparison_matrix_html(
@@ -133,10 +158,7 @@ def comparison_matrix_html(
     head = "<th></th>" + "".join(f'<th class="col">{html.escape(m)}</th>' for m in methods)
     body = [
         f'<tr><th class="text">{html.escape(row)}</th>'
-        + "".join(
-            comparison_cell(parts["diff"].loc[row, c], parts["p"].loc[row, c], parts["n"].loc[row, c], row, c)
-            for c in methods
-        )
+        + "".join(comparison_cell(parts, row, c) for c in methods)
         + "</tr>"
         for row in methods
     ]
@@ -148,10 +170,14 @@ def comparison_matrix_html(
 
 
 COMPARISON_NOTE = (
-    "Cell: mean over shared seeds of row − column, in % points (paired by seed). Green: the row is "
-    f"better, red: worse; dark and bold where the paired t-test (scipy.stats.ttest_rel) gives p < {ALPHA}, "
-    "pale where the difference is within noise, grey with one seed (untested). Per pair, not corrected "
-    "for the number of pairs; hover a cell for its p and n. Every pair: comparisons.csv."
+    "Cell: mean over shared seeds of row − column, in % points (paired by seed); 0: a tie. Green: the row "
+    "is better, red: worse. Each matrix is one family of tests: the paired t-test of every two methods "
+    "(the same p as scipy.stats.ttest_rel), corrected by Holm's step-down method for the family-wise "
+    "error rate within the matrix (one pretraining dataset, evaluation dataset, protocol and metric). "
+    f"Dark and bold: Holm-adjusted p < {ALPHA} (the verdict names the better method); pale: within "
+    "noise; italic: the same difference on every seed, so no test (the verdict says exact); grey: one "
+    "shared seed (untested). Hover a cell for its 95% interval (mean ± t(0.975, n−1)·sd/√n), raw and "
+    "adjusted p and n. Every pair: comparisons.csv."
 )
 
 
@@ -168,7 +194,8 @@ def comparisons_html(tables: Tables) -> str:
         for label, protocol, metric in HEADLINE:
             if (protocol, metric) in present:
                 parts.append(f"<h3>{html.escape(pair_name(*pair))}: {html.escape(label)}</h3>")
-                parts.append(comparison_matrix_html(tables.comparisons, pair, protocol, metric))
+                parts.append(comparison_matrix_html(comparisons, pair, protocol, metric))
+                parts.append(note(family_resolution(comparisons, pair, protocol, metric)))
     return (
         "".join(parts)
         + note(COMPARISON_NOTE)
@@ -250,9 +277,14 @@ def ablations_html(ablations: list[Figure]) -> str:
 def render_page(
     tables: Tables, figures: dict[str, list[Figure]], ablations: list[Figure], runs: list[Run]
 ) -> str:
-    """The page: headlines, methods × targets, failures, reproduced vs reported, comparisons, each
-    dataset pair's figures, ablations, cost, environment and every metric."""
+    """The page: leaderboards, headlines, methods × targets, failures, reproduced vs reported,
+    comparisons, each dataset pair's figures, ablations, cost, environment and every metric."""
     page = Page()
+    for board in tables.leaderboards:
+        page.add(
+            f"Leaderboard: {pair_name(*board.pair)}, {board.label}",
+            leaderboard_html(board, tables.stale(board.pair)),
+        )
     for pair in tables.pairs:
         body = headline_html(tables.summary, pair, tables.footnotes[pair], tables.stale(pair))
         page.add(f"Headline: {pair_name(*pair)}", body)
@@ -261,7 +293,7 @@ def render_page(
         table = methods_table_html(
             matrix.cells, matrix.best, f"table-targets-{matrix.pretrain}-{matrix.protocol}", stale
         )
-        page.add(f"Methods × targets: {matrix.title}", table + note(MATRIX_NOTE))
+        page.add(f"Methods × targets: {matrix.title}", table + "".join(map(note, matrix.notes)))
     if any(tables.stale(pair) for pair in tables.pairs):
         page.sections.append(f'<p class="note" id="stale-note">{html.escape(STALE_NOTE)}</p>')
     if len(tables.failures):
@@ -284,12 +316,19 @@ def render_page(
         + note("Means over seeds; peak GPU memory is the maximum over seeds (— on CPU)."),
     )
     page.add("Environment", environment_html(tables.environment, runs))
-    page.add(
-        "All metrics",
-        "<details><summary>every (pretraining dataset, evaluation dataset, method, protocol, metric)"
-        "</summary>" + html_table(summary_display(tables.summary), "table-summary") + "</details>",
-    )
+    page.add("All metrics", summary_html(tables.summary))
     return page.render("sslbench report")
+
+
+def summary_html(summary: pd.DataFrame) -> str:
+    cells = summary_display(summary)
+    return (
+        "<details><summary>every (pretraining dataset, evaluation dataset, method, protocol, metric)"
+        "</summary>"
+        + html_table(cells, "table-summary")
+        + "".join(map(note, marks_notes(cells)))
+        + "</details>"
+    )
 
 
 def environment_html(environment: pd.DataFrame, runs: list[Run]) -> str:

@@ -1,5 +1,5 @@
-"""Statistics over seeds: summaries, paired method comparisons, the headline table,
-and our numbers beside the papers'.
+"""Statistics over seeds: summaries, paired method comparisons, each method's margin over the
+floor of its own backbone, the leaderboard, the headline table, and our numbers beside the papers'.
 
 Every function takes the long-format ``results/table.csv`` (one row per pretraining
 dataset, evaluation dataset, method, seed, protocol, metric) or its summary, and returns
@@ -10,12 +10,17 @@ Undefined statistics stay missing, never invented: with one seed the standard
 deviation and the confidence interval do not exist, so ``std`` and ``ci95`` are
 NaN in the DataFrame, an empty cell in a CSV, and "—" / "(n=1)" on display. A
 zero would claim a certainty that one seed cannot give.
+
+Differences within floating-point round-off (``within_roundoff``) are no differences:
+a value the same on every seed has std exactly 0 (shown with SAME_MARK, not "± 0.00"),
+and a mean paired difference that small is exactly 0 (a tie, never "+0.0").
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +34,11 @@ from sslbench.plan.settings import DEFAULT_FILE, SCHEMA_FILE, load_config
 
 ALPHA = 0.05
 MISSING = "—"
+ROUNDOFF = 1e-12  # relative: float64 sums of a few values of one magnitude differ by far less
+SAME_MARK = "‡"  # after a value that is the same on every seed
+SAME_NOTE = (
+    f"{SAME_MARK}: the same value on every seed (it does not depend on the seed), so it has no spread."
+)
 PAIR = ["pretrain_dataset", "eval_dataset"]
 GROUP = [*PAIR, "method", "protocol", "metric"]
 KEY = [*PAIR, "method", "seed", "protocol", "metric"]
@@ -101,87 +111,177 @@ def ci95_halfwidth(std: float, n: int) -> float:
     return float(scipy_stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
 
 
+def within_roundoff(spread: float, *values: np.ndarray) -> bool:
+    """Whether ``spread`` (a difference, a range) is floating-point round-off of numbers of the
+    magnitude of ``values``: |spread| ≤ ROUNDOFF · max(1, |values|)."""
+    scale = max([1.0, *(float(np.max(np.abs(v))) for v in values if np.size(v))])
+    return abs(spread) <= ROUNDOFF * scale
+
+
+def seed_std(values: pd.Series) -> float:
+    """std over seeds (ddof=1): NaN for one seed, exactly 0 for a value the same on every seed."""
+    if len(values) < 2:
+        return math.nan
+    if within_roundoff(np.ptp(values.to_numpy()), values.to_numpy()):
+        return 0.0
+    return float(values.std(ddof=1))
+
+
 def summarise(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (pretraining dataset, evaluation dataset, method, protocol, metric): mean, std (ddof=1),
-    ci95 half-width, n seeds."""
+    """Per (pretraining dataset, evaluation dataset, method, protocol, metric): mean, std (ddof=1;
+    exactly 0 where the value is the same on every seed), ci95 half-width, n seeds."""
     table = check_table(table)
     grouped = table.groupby(GROUP, sort=True)["value"]
-    out = grouped.agg(mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else math.nan, n="count")
+    out = grouped.agg(mean="mean", std=seed_std, n="count")
     out = out.reset_index()
     out["n"] = out["n"].astype(int)
     out["ci95"] = [ci95_halfwidth(s, n) for s, n in zip(out["std"], out["n"])]
     return out[GROUP + ["mean", "std", "ci95", "n"]]
 
 
-def paired_test(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided paired t-test p-value of a vs b (NaN for fewer than 2 pairs).
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error rate) of one family of tests.
 
-    Identical differences have no spread: p is 1 when they are all zero and 0 otherwise
-    (the t statistic's limit), where scipy would warn and return NaN.
+    The k-th smallest of m p-values becomes max over j ≤ k of (m − j + 1)·p_(j), capped at 1, so
+    the adjusted values keep the raw ones' order. NaN (no test) stays NaN and is not counted in m.
     """
-    diff = np.asarray(a, float) - np.asarray(b, float)
-    if len(diff) < 2:
-        return math.nan
-    if np.allclose(diff, diff[0], rtol=0, atol=1e-15):
-        return 1.0 if abs(diff[0]) <= 1e-15 else 0.0
-    return float(scipy_stats.ttest_rel(a, b).pvalue)
+    p = np.asarray(p_values, float)
+    out = np.full(p.shape, math.nan)
+    tested = np.flatnonzero(np.isfinite(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m = len(order)
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return out
 
 
-def verdict(
-    method_a: str, method_b: str, mean_diff: float, p_value: float, n: int, alpha: float = ALPHA
-) -> str:
+def paired_test(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """mean_diff (mean over seeds of a − b), its 95% Student-t interval (ci_low, ci_high) and the
+    two-sided paired t-test p_value (the same as scipy.stats.ttest_rel).
+
+    Fewer than 2 pairs: every statistic but the mean is NaN. A mean within round-off of the
+    values is exactly 0 (a tie). Differences the same on every seed (sd 0 up to round-off) have
+    no spread to test against: t = d / 0 is undefined, and p = 0 would claim a certainty that a few
+    seeds cannot give, so p is NaN, the interval is the point itself, and the verdict calls such a
+    difference exact ("A > B (exact)": A is above B on every seed, with no probability attached);
+    it enters no multiple-testing family.
+    """
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    diff = a - b
+    n = len(diff)
+    mean = float(diff.mean())
+    if within_roundoff(mean, a, b):
+        mean = 0.0
     if n < 2:
+        return {"mean_diff": mean, "ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan}
+    if within_roundoff(np.ptp(diff), a, b):
+        return {"mean_diff": mean, "ci_low": mean, "ci_high": mean, "p_value": math.nan}
+    sd = float(diff.std(ddof=1))
+    half = ci95_halfwidth(sd, n)
+    t = float(diff.mean()) / (sd / math.sqrt(n))
+    p = float(2 * scipy_stats.t.sf(abs(t), n - 1))
+    return {"mean_diff": mean, "ci_low": mean - half, "ci_high": mean + half, "p_value": p}
+
+
+def comparison_kind(n: float, p_adjusted: float, alpha: float = ALPHA) -> str:
+    """What a paired comparison can say: "untested" (n < 2), "exact" (the same difference on every
+    seed: no test), "resolved" (Holm-adjusted p < alpha) or "noise"."""
+    if not n >= 2:
+        return "untested"
+    if not math.isfinite(p_adjusted):
+        return "exact"
+    return "resolved" if p_adjusted < alpha else "noise"
+
+
+def verdict(method_a: str, method_b: str, mean_diff: float, kind: str) -> str:
+    better = f"{method_a} > {method_b}" if mean_diff > 0 else f"{method_b} > {method_a}"
+    if kind == "untested":
         return "untested (n < 2)"
-    if p_value < alpha:
-        return f"{method_a} > {method_b}" if mean_diff > 0 else f"{method_b} > {method_a}"
-    return "within noise"
+    if kind == "exact":
+        return "tie (equal on every seed)" if mean_diff == 0 else f"{better} (exact)"
+    return better if kind == "resolved" else "within noise"
+
+
+COMPARISON_COLUMNS = [
+    *PAIR,
+    "protocol",
+    "metric",
+    "method_a",
+    "method_b",
+    "mean_diff",
+    "ci_low",
+    "ci_high",
+    "p_value",
+    "p_adjusted",
+    "family_size",
+    "n",
+    "verdict",
+]
 
 
 def paired_comparison(table: pd.DataFrame, protocol: str, metric: str, alpha: float = ALPHA) -> pd.DataFrame:
     """Every pair of methods on one metric, per (pretraining, evaluation) dataset pair, paired by seed.
 
-    mean_diff = mean over shared seeds of (A - B); p_value from scipy.stats.ttest_rel; the verdict
-    names the better method when p < alpha, else "within noise" ("untested (n < 2)" with one seed).
-    p-values are per pair, not corrected for the number of pairs.
+    mean_diff, ci_low, ci_high, p_value: ``paired_test`` on the seeds the two methods share. One
+    family of tests is one methods × methods matrix: one (pretraining dataset, evaluation dataset,
+    protocol, metric). p_adjusted is Holm's (``holm``) within it and family_size its number of tests;
+    the verdict names the better method where p_adjusted < alpha, else "within noise" ("untested
+    (n < 2)" with one shared seed, "(exact)" where the difference is the same on every seed).
     """
     table = check_table(table)
-    rows = []
     subset = table[(table["protocol"] == protocol) & (table["metric"] == metric)]
-    for (pretrain, target), data in subset.groupby(PAIR, sort=True):
-        wide = data.pivot(index="seed", columns="method", values="value")
-        for a, b in itertools.combinations(sorted(wide.columns), 2):
-            pair = wide[[a, b]].dropna()
-            n = len(pair)
-            if n == 0:
-                continue
-            diff = float((pair[a] - pair[b]).mean())
-            p = paired_test(pair[a].to_numpy(), pair[b].to_numpy())
-            rows.append(
-                {
-                    "pretrain_dataset": pretrain,
-                    "eval_dataset": target,
-                    "protocol": protocol,
-                    "metric": metric,
-                    "method_a": a,
-                    "method_b": b,
-                    "mean_diff": diff,
-                    "p_value": p,
-                    "n": n,
-                    "verdict": verdict(a, b, diff, p, n, alpha),
-                }
-            )
-    columns = [
-        *PAIR,
-        "protocol",
-        "metric",
-        "method_a",
-        "method_b",
-        "mean_diff",
-        "p_value",
-        "n",
-        "verdict",
+    families = [
+        compare_family(data, alpha).assign(protocol=protocol, metric=metric)
+        for _, data in subset.groupby(PAIR, sort=True)
     ]
-    return pd.DataFrame(rows, columns=columns)
+    families = [f for f in families if len(f)]
+    if not families:
+        return pd.DataFrame(columns=COMPARISON_COLUMNS)
+    return pd.concat(families, ignore_index=True)[COMPARISON_COLUMNS]
+
+
+def compare_family(data: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """The paired tests of every two methods in the rows of one (dataset pair, protocol, metric),
+    Holm-adjusted together."""
+    wide = data.pivot(index="seed", columns="method", values="value")
+    pretrain, target = data[PAIR].iloc[0]
+    rows = []
+    for a, b in itertools.combinations(sorted(wide.columns), 2):
+        pair = wide[[a, b]].dropna()
+        if len(pair):
+            test = paired_test(pair[a].to_numpy(), pair[b].to_numpy())
+            rows.append({"method_a": a, "method_b": b, **test, "n": len(pair)})
+    family = pd.DataFrame(
+        rows, columns=["method_a", "method_b", "mean_diff", "ci_low", "ci_high", "p_value", "n"]
+    )
+    family["p_adjusted"] = holm(family["p_value"])
+    family["family_size"] = int(family["p_value"].notna().sum())
+    family["verdict"] = [
+        verdict(a, b, d, comparison_kind(n, p, alpha))
+        for a, b, d, n, p in family[["method_a", "method_b", "mean_diff", "n", "p_adjusted"]].itertuples(
+            index=False
+        )
+    ]
+    return family.assign(pretrain_dataset=pretrain, eval_dataset=target)
+
+
+def resolution_note(n: int, m: int, alpha: float = ALPHA) -> str:
+    """What a family of m paired t-tests on n seeds can resolve under Holm's correction, in words."""
+    if m == 0:
+        return (
+            "No paired t-test in this matrix: no two methods share two seeds with differences that vary "
+            "from seed to seed."
+        )
+    threshold = alpha / m  # Holm's first step: nothing is called unless the smallest p is below it
+    t = float(scipy_stats.t.isf(threshold / 2, n - 1))
+    steps = f" (the next at p < {alpha}/{m - 1}, and so on)" if m > 1 else ""
+    tests = "paired test" if m == 1 else "paired tests"
+    return (
+        f"With {n} seeds and {m} {tests} in this matrix, Holm's correction calls a first difference "
+        f"only at p < {alpha}/{m} = {threshold:.2g}{steps}: a paired t-test on {n} seeds gets there only "
+        "when the mean difference exceeds "
+        f"{t / math.sqrt(n):.3g} times the standard deviation of its per-seed differences (|t| > "
+        f"{t:.3g}, {n - 1} degrees of freedom). Within noise means not resolved by {n} seeds, not equal."
+    )
 
 
 def headline_comparisons(table: pd.DataFrame) -> pd.DataFrame:
@@ -190,6 +290,286 @@ def headline_comparisons(table: pd.DataFrame) -> pd.DataFrame:
     frames = [paired_comparison(table, p, m) for _, p, m in HEADLINE if (p, m) in present]
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else paired_comparison(table.iloc[:0], "", "")
+
+
+# --------------------------------------------------------------------------- floors and margins
+FLOOR_BASE = "random"  # method_base of the untrained network: the floor of each backbone
+REFERENCE_BASES = ("supervised", "pixels")  # uses the labels; has no network
+# A run's backbone as table.csv records it. DeepCluster's Sobel input filter is part of its method,
+# not of its backbone: the untrained network without the filter is still its floor.
+BACKBONE_COLUMNS = ["backbone", "small_stem", "backbone_args", "features"]
+FLOOR_COLUMNS = ["pretrain_dataset", "method", "method_base", "role", "backbone", "floor", "no_floor"]
+
+
+def backbone_text(settings: dict[str, str]) -> str:
+    """A backbone's settings (BACKBONE_COLUMNS, as text) in words: ``resnet18 (small stem)``; the
+    defaults (no small stem, no arguments, pooled features) unsaid."""
+    extras = [
+        "small stem" if settings.get("small_stem", "").lower() == "true" else "",
+        "" if settings.get("backbone_args", "{}") in ("{}", "", "nan") else settings["backbone_args"],
+        ""
+        if settings.get("features", "pooled") in ("pooled", "", "nan")
+        else f"{settings['features']} features",
+    ]
+    extras = [e for e in extras if e]
+    name = settings.get("backbone", "the suite's backbone")
+    return f"{name} ({', '.join(extras)})" if extras else name
+
+
+def run_floors(table: pd.DataFrame) -> pd.DataFrame:
+    """Each run label's role and floor: one row per (pretrain_dataset, method) with its method_base,
+    role, backbone (in words), floor (the label of its floor, "" where it has none) and no_floor (why
+    a learned or supervised run has none, else "").
+
+    role: "floor" (method_base random: the untrained network of a backbone), "reference" (supervised,
+    which uses the labels, and pixels, which has no network) or "learned". The floor of a learned or
+    supervised run is the run of method_base random on the same pretraining dataset and the same
+    backbone settings (BACKBONE_COLUMNS); a backbone without one leaves its runs without a floor,
+    never measured against another backbone's. A table without method_base takes each label as its
+    own base, one without the backbone columns has one backbone.
+    """
+    table = check_table(table)
+    columns = [c for c in BACKBONE_COLUMNS if c in table]
+    runs = table[PAIR[:1] + ["method"]].assign(
+        method_base=table["method_base"].astype(str) if "method_base" in table else table["method"],
+        settings=[dict(zip(columns, map(str, row))) for row in table[columns].itertuples(index=False)],
+    )
+    runs["key"] = runs["settings"].map(lambda s: tuple(sorted(s.items())))
+    runs = runs.drop_duplicates(["pretrain_dataset", "method", "key"])
+    floor_runs = runs[runs["method_base"] == FLOOR_BASE]
+    floors: dict[tuple, list[str]] = {}
+    for pretrain, method, key in zip(floor_runs["pretrain_dataset"], floor_runs["method"], floor_runs["key"]):
+        floors.setdefault((pretrain, key), []).append(method)
+    rows = []
+    for (pretrain, method), run in runs.groupby(["pretrain_dataset", "method"], sort=True):
+        base = run["method_base"].iloc[0]
+        role = "floor" if base == FLOOR_BASE else "reference" if base in REFERENCE_BASES else "learned"
+        described = sorted({backbone_text(s) for s in run["settings"]})
+        floor, no_floor = "", ""
+        if role == "learned" or base == "supervised":
+            found = floors.get((pretrain, run["key"].iloc[0]), []) if len(run) == 1 else []
+            if len(found) == 1:
+                (floor,) = found
+            elif len(run) > 1:
+                no_floor = f"its rows name several backbones: {'; '.join(described)}"
+            elif found:
+                no_floor = f"several floors on its backbone: {', '.join(sorted(found))}"
+            else:
+                no_floor = f"no {FLOOR_BASE} run on its backbone {described[0]}"
+        rows.append([pretrain, method, base, role, "; ".join(described), floor, no_floor])
+    return pd.DataFrame(rows, columns=FLOOR_COLUMNS)
+
+
+def welch_margin(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """A method's seeds ``a`` against its floor's seeds ``b``: n, floor_n, mean, floor_mean, std,
+    floor_std (``seed_std``), margin = mean − floor_mean, its 95% Welch interval (ci_low, ci_high: se =
+    √(std²/n + floor_std²/floor_n), Welch–Satterthwaite df, Student t quantile), df, and the one-sided
+    Welch two-sample p_value of "the method's mean is above its floor's" (the same as
+    scipy.stats.ttest_ind(a, b, equal_var=False, alternative="greater")).
+
+    The floor is not paired with the method by seed: a method's value does not follow the floor of its
+    own seed, so pairing would only add the floor's noise. Fewer than 2 values on either side: no
+    interval, df or test (NaN). A margin within round-off is exactly 0. A side the same on every seed
+    (std exactly 0, as ``seed_std`` says) adds no spread, so df is the other side's n − 1; both so,
+    the margin is exact: no test (p NaN, outside every family), the interval the point itself, as
+    ``paired_test`` treats a difference the same on every seed.
+    """
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    std, floor_std = seed_std(pd.Series(a)), seed_std(pd.Series(b))
+    mean, floor_mean = (float(v.mean()) if len(v) else math.nan for v in (a, b))
+    difference = mean - floor_mean
+    margin = 0.0 if within_roundoff(difference, a, b) else difference
+    out = {
+        "n": len(a),
+        "floor_n": len(b),
+        "mean": mean,
+        "floor_mean": floor_mean,
+        "std": std,
+        "floor_std": floor_std,
+        "margin": margin,
+        **dict.fromkeys(("ci_low", "ci_high", "df", "p_value"), math.nan),
+    }
+    if len(a) < 2 or len(b) < 2:
+        return out
+    var, floor_var = std**2 / len(a), floor_std**2 / len(b)
+    se = math.sqrt(var + floor_var)
+    if se == 0:
+        return {**out, "ci_low": margin, "ci_high": margin}
+    df = (var + floor_var) ** 2 / (var**2 / (len(a) - 1) + floor_var**2 / (len(b) - 1))
+    half = float(scipy_stats.t.ppf(0.975, df)) * se
+    p = float(scipy_stats.t.sf(difference / se, df))
+    return {**out, "ci_low": margin - half, "ci_high": margin + half, "df": df, "p_value": p}
+
+
+MARGIN_COLUMNS = [
+    *PAIR,
+    "protocol",
+    "metric",
+    "method",
+    "role",
+    "floor",
+    "n",
+    "floor_n",
+    "mean",
+    "floor_mean",
+    "std",
+    "floor_std",
+    "margin",
+    "ci_low",
+    "ci_high",
+    "df",
+    "p_value",
+    "p_adjusted",
+    "family_size",
+    "verdict",
+]
+ABOVE, NOT_RESOLVED, BELOW = "above its floor", "not resolved", "below its floor mean"
+# the leaderboard's mark of each verdict; the other verdicts are shown in words
+MARKS = {ABOVE: "✓", NOT_RESOLVED: "·", BELOW: "✗", f"{ABOVE} (exact)": "✓ (exact)"}
+
+
+def margin_verdict(
+    floor: str, n: int, floor_n: int, margin: float, p_adjusted: float, alpha: float = ALPHA
+) -> str:
+    if not floor:
+        return "no floor"
+    if floor_n == 0:
+        return "floor not evaluated"
+    if n < 2 or floor_n < 2:
+        return "n < 2"
+    if margin < 0:
+        return BELOW
+    if not math.isfinite(p_adjusted):  # welch_margin: both the same on every seed, no test
+        return f"{ABOVE} (exact)" if margin > 0 else "tie (equal on every seed)"
+    return ABOVE if p_adjusted < alpha else NOT_RESOLVED
+
+
+def margins(table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """Every learned method's margin over its own floor (``run_floors``), and supervised's as a
+    reference, on every headline metric, per (pretraining, evaluation) dataset pair: ``welch_margin``
+    of the method's seeds and its floor's, each on every seed it has.
+
+    One family of tests is the learned methods of one (pretraining dataset, evaluation dataset,
+    protocol, metric), the references (supervised's runs) another: p_adjusted is Holm's (``holm``)
+    within it and family_size its number of tests. The verdict: "above its floor" (p_adjusted < alpha),
+    "not resolved", "below its floor mean" (margin < 0, whatever its p), "n < 2" (no test), "no floor"
+    (none on its backbone), "floor not evaluated" (its floor lacks this target, protocol or metric),
+    "above its floor (exact)" or "tie (equal on every seed)" (both the same on every seed: no test).
+    """
+    table = check_table(table)
+    runs = run_floors(table).set_index(["pretrain_dataset", "method"])
+    present = set(zip(table["protocol"], table["metric"]))
+    rows = []
+    for _, protocol, metric in HEADLINE:
+        if (protocol, metric) not in present:
+            continue
+        subset = table[(table["protocol"] == protocol) & (table["metric"] == metric)]
+        for (pretrain, target), data in subset.groupby(PAIR, sort=True):
+            values = {m: v["value"].to_numpy() for m, v in data.groupby("method", sort=True)}
+            for method, seeds in values.items():
+                run = runs.loc[(pretrain, method)]
+                if run["role"] != "learned" and run["method_base"] != "supervised":
+                    continue
+                floor_seeds = values.get(run["floor"], np.empty(0)) if run["floor"] else np.empty(0)
+                rows.append(
+                    {
+                        "pretrain_dataset": pretrain,
+                        "eval_dataset": target,
+                        "protocol": protocol,
+                        "metric": metric,
+                        "method": method,
+                        "role": run["role"],
+                        "floor": run["floor"],
+                        **welch_margin(seeds, floor_seeds),
+                    }
+                )
+    out = pd.DataFrame(
+        rows, columns=[c for c in MARGIN_COLUMNS if c not in ("p_adjusted", "family_size", "verdict")]
+    )
+    out["p_adjusted"] = math.nan
+    out["family_size"] = 0
+    for _, family in out.groupby([*PAIR, "protocol", "metric", "role"], sort=False):
+        out.loc[family.index, "p_adjusted"] = holm(family["p_value"])
+        out.loc[family.index, "family_size"] = int(family["p_value"].notna().sum())
+    out["verdict"] = [
+        margin_verdict(*row, alpha)
+        for row in out[["floor", "n", "floor_n", "margin", "p_adjusted"]].itertuples(index=False)
+    ]
+    return out[MARGIN_COLUMNS]
+
+
+# --------------------------------------------------------------------------- leaderboard
+@dataclass
+class Leaderboard:
+    """One (pretraining, evaluation) dataset pair on its first headline metric: the learned methods
+    ranked by mean (best first), then the references, unranked."""
+
+    pair: tuple[str, str]
+    label: str  # the headline column (HEADLINE)
+    rows: pd.DataFrame  # rank (learned), role, method, the margin columns; backbone of each floor
+
+
+LEADERBOARD_COLUMNS = [
+    "rank",
+    "role",
+    "method",
+    "mean",
+    "std",
+    "n",
+    "floor",
+    "floor_mean",
+    "floor_std",
+    "floor_n",
+    "margin",
+    "ci_low",
+    "ci_high",
+    "p_value",
+    "p_adjusted",
+    "family_size",
+    "verdict",
+    "no_floor",
+    "backbone",
+]
+
+
+def leaderboard(
+    summary: pd.DataFrame, margin_rows: pd.DataFrame, floors: pd.DataFrame, pair: tuple[str, str]
+) -> Leaderboard | None:
+    """The leaderboard of a dataset pair on the first headline metric any of its methods has (None
+    where it has none): the learned methods by mean (``summary``), best first (ties by label), ranked
+    1, 2, …, with their margins (``margins``); then, unranked, the references: each floor, supervised's
+    runs (with their margins), pixels."""
+    of_pair = summary[(summary["pretrain_dataset"] == pair[0]) & (summary["eval_dataset"] == pair[1])]
+    present = set(zip(of_pair["protocol"], of_pair["metric"]))
+    chosen = next(((lab, p, m) for lab, p, m in HEADLINE if (p, m) in present), None)
+    if chosen is None:
+        return None
+    label, protocol, metric = chosen
+    stats = of_pair[(of_pair["protocol"] == protocol) & (of_pair["metric"] == metric)].set_index("method")
+    runs = floors[floors["pretrain_dataset"] == pair[0]].set_index("method")
+    tested = family_rows(margin_rows, pair, protocol, metric).set_index("method")
+    learned = tested.index[tested["role"] == "learned"]
+    ranked = sorted(learned, key=lambda m: (-stats.loc[m, "mean"], m))
+    references = (
+        [m for m in stats.index if runs.loc[m, "role"] == "floor"]
+        + [m for m in tested.index if tested.loc[m, "role"] == "reference"]
+        + [m for m in stats.index if runs.loc[m, "method_base"] == "pixels"]
+    )
+    order = ranked + references
+    rows = tested.reindex(order).drop(columns=["mean", "std", "n", "role"])
+    rows[["mean", "std", "n"]] = stats.loc[order, ["mean", "std", "n"]]
+    rows[["role", "no_floor", "backbone"]] = runs.loc[order, ["role", "no_floor", "backbone"]]
+    rows["rank"] = [*range(1, len(ranked) + 1), *[math.nan] * len(references)]
+    rows[["floor", "verdict"]] = rows[["floor", "verdict"]].fillna("")
+    return Leaderboard(pair, label, rows.rename_axis("method").reset_index()[LEADERBOARD_COLUMNS])
+
+
+def leaderboards(
+    table: pd.DataFrame, summary: pd.DataFrame, margin_rows: pd.DataFrame, floors: pd.DataFrame
+) -> list[Leaderboard]:
+    """The leaderboard of every dataset pair of the table that has a headline metric."""
+    boards = (leaderboard(summary, margin_rows, floors, pair) for pair in pairs(table))
+    return [board for board in boards if board is not None]
 
 
 # --------------------------------------------------------------------------- headline
@@ -230,6 +610,8 @@ def mean_pm_std(mean: float, std: float, n: float) -> str:
         return MISSING
     if n < 2 or not math.isfinite(std):
         return f"{percent(mean)} (n=1)"
+    if std == 0:  # seed_std: the same on every seed, not measured to ± 0.00
+        return f"{percent(mean)} {SAME_MARK}"
     return f"{percent(mean)} ± {percent(std)}"
 
 
@@ -244,10 +626,16 @@ def best_methods(means: pd.DataFrame) -> dict[str, set[str]]:
 
 def headline_table(summary: pd.DataFrame, pair: tuple[str, str] | None = None) -> pd.DataFrame:
     """Methods × the headline columns evaluated for some method of the pair, as "mean ± std" strings
-    (percent); a method without the metric shows "—"."""
+    (percent); a method without the metric shows "—". ``absent_headline`` names the others."""
     parts = headline_stats(summary, pair)
     present = [c for c in parts["mean"].columns if parts["mean"][c].notna().any()]
     return display_cells({k: frame[present] for k, frame in parts.items()})
+
+
+def absent_headline(summary: pd.DataFrame, pair: tuple[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """The (label, protocol, metric) of each headline column no method of the pair has a result for."""
+    shown = set(headline_table(summary, pair).columns)
+    return [column for column in HEADLINE if column[0] not in shown]
 
 
 # --------------------------------------------------------------------------- methods x targets
@@ -462,32 +850,41 @@ def reproduced_vs_reported(
 
 
 # --------------------------------------------------------------------------- methods x methods
-def comparison_matrix(comparisons: pd.DataFrame, pair: tuple[str, str], protocol: str, metric: str) -> dict:
-    """The paired comparisons of one metric and dataset pair as method × method frames: ``diff`` (mean
-    over shared seeds of row − column), ``p`` and ``n``; each pair's mirror has the opposite difference
-    and the same p. NaN on the diagonal and where two methods share no seed."""
-    rows = comparisons[
+def family_rows(comparisons: pd.DataFrame, pair: tuple[str, str], protocol: str, metric: str) -> pd.DataFrame:
+    """The rows of comparisons.csv of one family: one (pretraining dataset, evaluation dataset,
+    protocol, metric)."""
+    return comparisons[
         (comparisons["pretrain_dataset"] == pair[0])
         & (comparisons["eval_dataset"] == pair[1])
         & (comparisons["protocol"] == protocol)
         & (comparisons["metric"] == metric)
     ]
+
+
+def comparison_matrix(comparisons: pd.DataFrame, pair: tuple[str, str], protocol: str, metric: str) -> dict:
+    """The paired comparisons of one metric and dataset pair as method × method frames: ``diff`` (mean
+    over shared seeds of row − column) with its 95% interval ``ci_low``, ``ci_high``, ``p``,
+    ``p_adjusted`` and ``n``; each pair's mirror has the opposite difference and interval and the same
+    p. NaN on the diagonal and where two methods share no seed."""
+    rows = family_rows(comparisons, pair, protocol, metric)
     methods = sorted(set(rows["method_a"]) | set(rows["method_b"]))
     index = pd.Index(methods, name="method")
-    out = {k: pd.DataFrame(np.nan, index=index, columns=methods) for k in ("diff", "p", "n")}
-    for a, b, diff, p, n in rows[["method_a", "method_b", "mean_diff", "p_value", "n"]].itertuples(
-        index=False
-    ):
-        for (row, column), sign in (((a, b), 1.0), ((b, a), -1.0)):
-            out["diff"].loc[row, column] = sign * diff
-            out["p"].loc[row, column] = p
-            out["n"].loc[row, column] = n
+    keys = ("diff", "ci_low", "ci_high", "p", "p_adjusted", "n")
+    out = {k: pd.DataFrame(np.nan, index=index, columns=methods) for k in keys}
+    columns = ["method_a", "method_b", "mean_diff", "ci_low", "ci_high", "p_value", "p_adjusted", "n"]
+    for a, b, diff, low, high, p, p_adjusted, n in rows[columns].itertuples(index=False):
+        for row, column, signed in ((a, b, (diff, low, high)), (b, a, (-diff, -high, -low))):
+            for k, value in zip(keys, (*signed, p, p_adjusted, n)):
+                out[k].loc[row, column] = value
     return out
 
 
-def significant(p: float, n: float, alpha: float = ALPHA) -> bool:
-    """Whether a paired difference clears the noise: tested (n ≥ 2) and p < alpha."""
-    return bool(n >= 2 and math.isfinite(p) and p < alpha)
+def family_resolution(comparisons: pd.DataFrame, pair: tuple[str, str], protocol: str, metric: str) -> str:
+    """``resolution_note`` of one family (matrix): its number of tests, at the most seeds two of its
+    methods share."""
+    rows = family_rows(comparisons, pair, protocol, metric)
+    tested = rows[rows["p_value"].notna()]
+    return resolution_note(int(tested["n"].max()) if len(tested) else 0, int(rows["family_size"].max()))
 
 
 # --------------------------------------------------------------------------- ablations

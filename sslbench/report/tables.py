@@ -1,6 +1,7 @@
 """The report's inputs and tables: ``results/table.csv``, the run folders and failures.csv read
-and checked, and every table the page shows computed (summary, comparisons, reproduced vs reported,
-cost, environment) and written as CSV beside the page, with the headline table as Markdown.
+and checked, and every table the page shows computed (summary, comparisons, margins over the floors,
+reproduced vs reported, cost, environment) and written as CSV beside the page, with the leaderboards
+and the headline tables as Markdown.
 
 Displayed numbers: metrics are fractions shown in percent with two decimals.
 """
@@ -20,28 +21,38 @@ from sslbench.errors import SslbenchError, unreadable
 from sslbench.plan.runs import flatten, method_slug
 from sslbench.plan.settings import METHOD_SECTIONS
 from sslbench.report.stats import (
+    ALPHA,
+    MARKS,
     MISSING,
     PAIR,
+    SAME_MARK,
+    SAME_NOTE,
     STALE_MARK,
+    Leaderboard,
     TableError,
     ablation_table,
+    absent_headline,
     best_methods,
     check_table,
     display_cells,
     headline_comparisons,
     headline_stats,
     headline_table,
+    leaderboards,
+    margins,
     matrix_metrics,
+    mean_pm_std,
     pair_name,
     pairs,
     percent,
     reproduced_vs_reported,
+    run_floors,
     stale_methods,
     summarise,
     target_matrix,
 )
 
-CSV_TABLES = ("summary", "comparisons", "reproduced", "cost", "environment", "ablations")
+CSV_TABLES = ("summary", "comparisons", "margins", "reproduced", "cost", "environment", "ablations")
 UNKNOWN = "unknown"  # what provenance.git_state says outside a git checkout
 
 
@@ -147,6 +158,10 @@ class Matrix:
     def best(self) -> dict[str, set[str]]:
         return best_methods(self.parts["mean"])
 
+    @property
+    def notes(self) -> list[str]:
+        return [MATRIX_NOTE, *marks_notes(self.cells)]
+
 
 MATRIX_NOTE = (
     "Columns: the evaluation targets (the pretraining set's own first; the others frozen-encoder "
@@ -165,6 +180,7 @@ class Tables:
     table: pd.DataFrame
     summary: pd.DataFrame
     comparisons: pd.DataFrame
+    margins: pd.DataFrame
     reproduced: pd.DataFrame
     cost: pd.DataFrame
     environment: pd.DataFrame
@@ -172,6 +188,7 @@ class Tables:
     failures: pd.DataFrame
     footnotes: dict[tuple[str, str], str] = field(default_factory=dict)
     matrices: list[Matrix] = field(default_factory=list)
+    leaderboards: list[Leaderboard] = field(default_factory=list)
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
@@ -185,10 +202,12 @@ def compute_tables(
     table: pd.DataFrame, runs: list[Run], results_dir: Path, methods_dir: str | Path, config_dir: str | Path
 ) -> Tables:
     summary = summarise(table)
+    margin_rows = margins(table)
     return Tables(
         table=table,
         summary=summary,
         comparisons=headline_comparisons(table),
+        margins=margin_rows,
         reproduced=reproduced_vs_reported(table, methods_dir, config_dir),
         cost=cost_table(runs, table),
         environment=environment_table(runs),
@@ -200,27 +219,162 @@ def compute_tables(
             for pretrain in sorted(table["pretrain_dataset"].unique())
             for label, protocol, metric in matrix_metrics(summary, pretrain)
         ],
+        leaderboards=leaderboards(table, summary, margin_rows, run_floors(table)),
     )
 
 
 def write_tables(tables: Tables, out_dir: Path) -> None:
-    """summary.csv, comparisons.csv, reproduced.csv, cost.csv, environment.csv, ablations.csv and
-    table.md."""
+    """summary.csv, comparisons.csv, margins.csv, reproduced.csv, cost.csv, environment.csv,
+    ablations.csv and table.md: the leaderboards first (``leaderboards_markdown``), then the headline
+    tables and the methods × targets matrices."""
     for name in CSV_TABLES:
         atomic.write_text(out_dir / f"{name}.csv", getattr(tables, name).to_csv(index=False))
-    markdown = "\n".join(
+    markdown = leaderboards_markdown(tables.leaderboards, tables.table) + HEADLINE_HEADING
+    markdown += "\n".join(
         (f"### {pair_name(*pair)}\n\n" if len(tables.pairs) > 1 else "")
         + headline_markdown(tables.summary, pair, tables.footnotes[pair], tables.stale(pair))
         for pair in tables.pairs
     )
     for matrix in tables.matrices:
         cells = mark_stale(matrix.cells, tables.stale((matrix.pretrain, matrix.pretrain)))
-        markdown += f"\n### {matrix.title}\n\n{markdown_table(cells, matrix.best)}\n{MATRIX_NOTE}\n"
+        notes = "\n\n".join(matrix.notes)
+        markdown += f"\n### {matrix.title}\n\n{markdown_table(cells, matrix.best)}\n{notes}\n"
     if any(tables.stale(pair) for pair in tables.pairs):
         markdown += f"\n{STALE_NOTE}\n"
     if len(tables.failures):  # method folders skipped with --keep-going: never silently absent
         markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in tables.failures.values)
     atomic.write_text(out_dir / "table.md", markdown)
+
+
+HEADLINE_HEADING = "## Headline tables\n\n"  # where the leaderboards end in table.md
+
+
+def leaderboards_markdown(boards: list[Leaderboard], table: pd.DataFrame) -> str:
+    """Every dataset pair's leaderboard as Markdown: a heading, the table and its legend each."""
+    return "\n".join(leaderboard_markdown(board, stale_methods(table, board.pair)) for board in boards)
+
+
+def leaderboard_text(table: pd.DataFrame) -> str:
+    """The leaderboards of ``results/table.csv`` (as ``read_table`` reads it) alone, the text that
+    opens table.md: what the end of a run prints."""
+    table = check_table(table)
+    summary, margin_rows = summarise(table), margins(table)
+    return leaderboards_markdown(leaderboards(table, summary, margin_rows, run_floors(table)), table)
+
+
+def leaderboard_markdown(board: Leaderboard, stale: set[str]) -> str:
+    cells = leaderboard_display(board, stale)
+    numeric = {"#", "mean ± std (n)", "floor mean ± std (n)", "margin [95% CI] (% points)"}
+    return (
+        f"## Leaderboard: {pair_name(*board.pair)}, {board.label}\n\n"
+        + markdown_rows(cells, numeric)
+        + "\n"
+        + "\n\n".join(leaderboard_notes(board))
+        + "\n"
+    )
+
+
+def with_seeds(mean: float, std: float, n: float) -> str:
+    """ "mean ± std (n=…)" in %; one seed "mean (n=1)", missing "—"."""
+    cell = mean_pm_std(mean, std, n)
+    return f"{cell} (n={int(n)})" if n >= 2 else cell
+
+
+def margin_text(margin: float, low: float, high: float) -> str:
+    """A margin in % points with its 95% interval: "+12.00 [+6.96, +17.04]"; without one, alone."""
+    if not math.isfinite(margin):
+        return MISSING
+    interval = f" [{fmt_points(low)}, {fmt_points(high)}]" if math.isfinite(low) else ""
+    return fmt_points(margin) + interval
+
+
+def floor_text(row) -> str:
+    """Which floor a leaderboard row is measured against, or what it is itself."""
+    if row.role == "floor":
+        return f"the floor of {row.backbone}"
+    if row.floor:
+        return row.floor
+    return f"none: {row.no_floor}" if row.no_floor else MISSING  # pixels has no network
+
+
+def leaderboard_display(board: Leaderboard, stale: set[str] = frozenset()) -> pd.DataFrame:
+    """A leaderboard's display strings: rank ("reference" for the unranked), method (stale ones marked),
+    mean ± std (n), its floor, the floor's mean ± std (n), the margin [95% CI] and the verdict's mark
+    (MARKS; other verdicts in words)."""
+    rows = board.rows
+    return pd.DataFrame(
+        {
+            "#": [str(int(r)) if math.isfinite(r) else "reference" for r in rows["rank"]],
+            "method": [f"{m} {STALE_MARK}" if m in stale else m for m in rows["method"]],
+            "mean ± std (n)": [with_seeds(*v) for v in zip(rows["mean"], rows["std"], rows["n"])],
+            "floor": [floor_text(row) for row in rows.itertuples(index=False)],
+            "floor mean ± std (n)": [
+                with_seeds(m, s, n) if n > 0 else MISSING
+                for m, s, n in zip(rows["floor_mean"], rows["floor_std"], rows["floor_n"].fillna(0))
+            ],
+            "margin [95% CI] (% points)": [
+                margin_text(*v) for v in zip(rows["margin"], rows["ci_low"], rows["ci_high"])
+            ],
+            "above its floor": [MARKS.get(v, v) or MISSING for v in rows["verdict"]],
+        }
+    )
+
+
+def seed_counts(n: pd.Series) -> str:
+    counts = sorted({int(v) for v in n.dropna()})
+    return ", ".join(map(str, counts)) if counts else MISSING
+
+
+def leaderboard_notes(board: Leaderboard) -> list[str]:
+    """The legend under a leaderboard: what is ranked, the floors, the margin and its interval, the
+    test and its correction, the seed counts, and what a mark claims."""
+    rows = board.rows
+    learned, floors = rows[rows["role"] == "learned"], rows[rows["role"] == "floor"]
+    tests = int(learned["p_value"].notna().sum())
+    untrained = "; ".join(f"{m} is the floor of {b}" for m, b in zip(floors["method"], floors["backbone"]))
+    notes = [
+        f"Learned methods ranked by their mean {board.label} over seeds (in %), best first. Below them, "
+        "unranked, the references: the floors (random: the untrained network of a backbone), supervised "
+        "(it uses the labels) and pixels (no network).",
+        "Floor: each method is measured against the untrained network of its own backbone on the same "
+        "pretraining set (the same backbone, stem, backbone arguments and features read), never another "
+        "backbone's; " + (f"here {untrained}." if untrained else "this table has none."),
+        "Margin: the method's mean minus its floor's mean, in % points, each over all its own seeds. "
+        "95% interval: Welch's, with se = √(s²/n + s_f²/n_f), the Welch–Satterthwaite degrees of "
+        "freedom and the Student t quantile, so it carries the method's and the floor's seed spreads.",
+        f"✓: above its floor beyond the seed noise: the one-sided Welch two-sample test (the method's mean "
+        f"above its floor's) gives p < {ALPHA} after Holm's correction within the {tests} learned "
+        f"{'method' if tests == 1 else 'methods'} tested here; ·: not resolved at these seed counts; ✗: "
+        "its mean is below its floor's mean. supervised is tested on its own, outside that family. A "
+        "method marked ·, ✗ or n < 2 is not claimed to learn anything at this budget, whatever the sign "
+        "of its margin.",
+        f"Seeds: learned methods n = {seed_counts(learned['n'])}; floors n = {seed_counts(floors['n'])}. "
+        "n < 2: one seed on a side, so no interval and no test.",
+    ]
+    verdicts = set(rows["verdict"])
+    if verdicts & {"no floor", "floor not evaluated"}:
+        notes.append(
+            "none: no random run on the method's backbone in this table (the floor column says which "
+            "backbone); floor not evaluated: its floor has no result on this metric. Either way no margin."
+        )
+    if any(v.endswith("(exact)") or v.startswith("tie") for v in verdicts):
+        notes.append(
+            "exact: the method and its floor are each the same on every seed, so their difference has no "
+            "spread and no test."
+        )
+    notes.append(
+        "Whether two learned methods differ: the paired comparisons (comparisons.csv). Every margin, on "
+        "every headline metric: margins.csv."
+    )
+    return notes
+
+
+def markdown_rows(cells: pd.DataFrame, numeric: set[str] = frozenset()) -> str:
+    """A frame of display strings as a Markdown table, the ``numeric`` columns right-aligned."""
+    lines = ["| " + " | ".join(cells.columns) + " |"]
+    lines.append("|" + "".join("---:|" if c in numeric else "---|" for c in cells.columns))
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in cells.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
 
 
 def mark_stale(cells: pd.DataFrame, stale: set[str]) -> pd.DataFrame:
@@ -255,8 +409,28 @@ def settings_footnote(table: pd.DataFrame, pair: tuple[str, str]) -> str:
 
 
 def headline_markdown(summary: pd.DataFrame, pair: tuple[str, str], footnote: str, stale: set[str]) -> str:
-    cells = mark_stale(headline_table(summary, pair), stale)
-    return markdown_table(cells, best_methods(headline_stats(summary, pair)["mean"])) + f"\n{footnote}\n"
+    cells = headline_table(summary, pair)
+    table = markdown_table(mark_stale(cells, stale), best_methods(headline_stats(summary, pair)["mean"]))
+    return table + "\n" + "\n\n".join(headline_notes(summary, pair, footnote, cells)) + "\n"
+
+
+def headline_notes(
+    summary: pd.DataFrame, pair: tuple[str, str], footnote: str, cells: pd.DataFrame
+) -> list[str]:
+    """The lines under a headline table: its settings, the headline columns it lacks, its marks."""
+    absent = absent_headline(summary, pair)
+    lacking = (
+        ["No data in this table for: " + "; ".join(f"{label} ({p} {m})" for label, p, m in absent) + "."]
+        if absent
+        else []
+    )
+    return [footnote, *lacking, *marks_notes(cells)]
+
+
+def marks_notes(cells: pd.DataFrame) -> list[str]:
+    """What the marks in these display cells mean, once: SAME_NOTE where a cell carries SAME_MARK."""
+    marked = cells.map(lambda cell: str(cell).endswith(SAME_MARK)).to_numpy().any()
+    return [SAME_NOTE] if marked else []
 
 
 def markdown_table(cells: pd.DataFrame, best: dict[str, set[str]]) -> str:
@@ -282,18 +456,34 @@ def fmt_percent(value) -> str:
     return MISSING if value is None or not math.isfinite(value) else percent(value)
 
 
+def fmt_points(diff, decimals: int = 2) -> str:
+    """A difference of fractions in % points, signed; exactly 0 (a tie, stats.paired_test) as "0"."""
+    if diff is None or not math.isfinite(diff):
+        return MISSING
+    return "0" if diff == 0 else f"{100 * diff:+.{decimals}f}".replace("-", "−")
+
+
 def summary_display(summary: pd.DataFrame) -> pd.DataFrame:
     out = summary[[*PAIR, "method", "protocol", "metric"]].copy()
+    same = (summary["n"] >= 2) & (summary["std"] == 0)  # stats.seed_std: the same on every seed
     for column in ("mean", "std", "ci95"):
         out[f"{column} (%)"] = summary[column].map(fmt_percent)
+        if column != "mean":
+            out.loc[same, f"{column} (%)"] = f"0 {SAME_MARK}"
     out["n"] = summary["n"].astype(str)
     return out
 
 
 def comparisons_display(comparisons: pd.DataFrame) -> pd.DataFrame:
     out = comparisons[[*PAIR, "protocol", "metric", "method_a", "method_b"]].copy()
-    out["mean A − B (% points)"] = comparisons["mean_diff"].map(fmt_percent)
+    out["mean A − B (% points)"] = comparisons["mean_diff"].map(fmt_points)
+    out["95% CI of A − B (% points)"] = [
+        MISSING if not math.isfinite(low) else f"{fmt_points(low)} to {fmt_points(high)}"
+        for low, high in zip(comparisons["ci_low"], comparisons["ci_high"])
+    ]
     out["p (paired t)"] = comparisons["p_value"].map(lambda p: fmt(p, ".3g"))
+    out["p (Holm)"] = comparisons["p_adjusted"].map(lambda p: fmt(p, ".3g"))
+    out["tests in family"] = comparisons["family_size"].astype(str)
     out["n"] = comparisons["n"].astype(str)
     out["verdict"] = comparisons["verdict"]
     return out
@@ -463,3 +653,14 @@ def sweep_points(runs: list[Run]) -> pd.DataFrame:
         numeric = axis["number"].notna().all()
         points.loc[axis.index, "order"] = axis["number"] if numeric else axis["value"].rank(method="dense")
     return points.drop(columns="number")
+
+
+def finished_message(results: Path) -> str:
+    """What a finished DAG prints (the Snakefile's onsuccess): the leaderboards where the report is as
+    new as the table, else the command that writes the report."""
+    table, html, md = results / "table.csv", results / "report.html", results / "table.md"
+    if not table.is_file():
+        return ""
+    if not html.is_file() or html.stat().st_mtime < table.stat().st_mtime:
+        return f"sslbench: the table is {table}; `snakemake --cores all` writes the report ({html})."
+    return f"{leaderboard_text(read_table(results)).rstrip()}\n\nThe whole report: {html} (its tables: {md})"

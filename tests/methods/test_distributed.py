@@ -187,7 +187,10 @@ def test_torchrun_training_writes_one_checkpoint(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
     assert ckpt["meta"]["world_size"] == 2 and ckpt["meta"]["batch_per_process"] == 32
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch_0001.pt", "epoch_0001.pt.sha256"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "epoch_0001.pt",
+        "epoch_0001.pt.sha256",
+    ]
 
 
 if __name__ == "__main__":  # under torchrun: the 2-process side of the contract

@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 from matplotlib import image as mpimg
+from scipy import stats as scipy_stats
 from support import REPO, require
 
 from evaluation import clustering
@@ -32,8 +33,30 @@ from sslbench.report.figures import (
     read_clustering_side_file,
     sorted_sizes,
 )
-from sslbench.report.stats import HEADLINE
-from sslbench.report.tables import first_seed_runs, read_runs, run_folder, sweep_points
+from sslbench.report.page import comparison_matrix_html
+from sslbench.report.stats import (
+    HEADLINE,
+    KEY,
+    SAME_MARK,
+    SAME_NOTE,
+    headline_table,
+    leaderboards,
+    margins,
+    paired_comparison,
+    run_floors,
+    summarise,
+)
+from sslbench.report.tables import (
+    HEADLINE_HEADING,
+    first_seed_runs,
+    headline_notes,
+    leaderboard_display,
+    leaderboard_text,
+    read_runs,
+    read_table,
+    run_folder,
+    sweep_points,
+)
 
 DATASET = "digits"
 TARGET = "fashion_mnist"  # a transfer target of the digits runs: knn and linear of alpha and beta only
@@ -395,6 +418,8 @@ def csv(report, name):
 # --------------------------------------------------------------------------- tests
 FIGURES = ["bars", "lowshot", "training", "tsne", "kmeans", "estep"]
 TABLES = [
+    f"table-leaderboard-{DATASET}",
+    f"table-leaderboard-{PAIR_ID}",
     f"table-headline-{DATASET}",
     f"table-headline-{PAIR_ID}",
     f"table-targets-{DATASET}-knn",
@@ -421,7 +446,7 @@ def test_every_table_and_figure_is_on_the_page_and_in_figures(report, page):
         assert png == (report["out"] / "figures" / f"{pair}_{kind}.png").read_bytes()
         pixels = mpimg.imread(bytes_io.BytesIO(png))
         assert pixels.shape[0] > 150 and pixels.shape[1] > 250 and pixels.std() > 0.05, kind
-    for name in ("summary", "comparisons", "reproduced", "cost", "environment", "ablations"):
+    for name in ("summary", "comparisons", "margins", "reproduced", "cost", "environment", "ablations"):
         assert (report["out"] / f"{name}.csv").is_file()
 
 
@@ -464,7 +489,8 @@ def test_headline_cells_equal_summary_csv_and_best_is_bold(report, page, target)
 
 
 def test_table_md_bolds_the_best_and_states_the_settings(report):
-    text = (report["out"] / "table.md").read_text()
+    leaders, text = (report["out"] / "table.md").read_text().split(HEADLINE_HEADING)
+    assert leaders.startswith(f"## Leaderboard: {DATASET}, ")  # the leaderboards first
     assert text.startswith(f"### {DATASET}\n") and f"### {DATASET} → {TARGET}\n" in text
     text = text.split("\n### ")[0]  # the digits headline
     lines = [line for line in text.splitlines() if line.startswith("| ")]
@@ -484,6 +510,38 @@ def test_table_md_bolds_the_best_and_states_the_settings(report):
     )
 
 
+def test_headline_names_the_columns_it_has_no_data_for(report):
+    """The transfer pair ran kNN and linear only: one line under its table names the other six
+    headline columns; the digits pair has every column and no such line."""
+    markdown = (report["out"] / "table.md").read_text()
+    own, transfer = markdown.split(f"### {DATASET} → {TARGET}\n")
+    transfer = transfer.split("\n### ")[0]
+    html_own, html_transfer = (
+        report["html"].split(f'id="table-headline-{pair}"')[1].split("<h2>")[0] for pair in (DATASET, PAIR_ID)
+    )
+    assert "No data in this table" not in own + html_own
+    for text in (transfer, html_transfer):
+        (line,) = [line for line in re.split(r"\n|<p", text) if "No data in this table for: " in line]
+        assert [label for label, _, _ in HEADLINE if label in line] == [label for label, _, _ in HEADLINE[2:]]
+        assert "lowshot_svm map_k8_mean" in line
+
+
+def test_headline_notes_explain_the_same_mark_once():
+    """pixels' kNN is the same on every seed: its cell carries the mark, and the notes explain it once."""
+    rows = [
+        {**dict(zip(KEY, ("d", "d", m, s, protocol, metric))), "value": v}
+        for m, values in {"pixels": [0.4, 0.4, 0.4], "a": [0.5, 0.6, 0.7]}.items()
+        for _, protocol, metric in HEADLINE[:2]
+        for s, v in enumerate(values)
+    ]
+    summary = summarise(pd.DataFrame(rows))
+    cells = headline_table(summary)
+    assert list(cells.loc["pixels"]) == [f"40.00 {SAME_MARK}"] * 2
+    notes = headline_notes(summary, ("d", "d"), "Settings.", cells)
+    assert notes[0] == "Settings." and notes.count(SAME_NOTE) == 1
+    assert SAME_NOTE not in headline_notes(summary, ("d", "d"), "", cells.drop(index="pixels"))
+
+
 def test_summary_table_equals_summary_csv_and_table_csv(report, page):
     summary = csv(report, "summary")
     table = pd.read_csv(report["results"] / "table.csv")
@@ -500,10 +558,16 @@ def test_summary_table_equals_summary_csv_and_table_csv(report, page):
         ]["value"]
         assert row["method"][0] == expected["method"] and row["metric"][0] == expected["metric"]
         assert close(row["mean (%)"][0], values.mean(), 100, 2) and int(row["n"][0]) == len(values)
-        if len(values) > 1:
+        if len(values) > 1 and values.nunique() == 1:  # the low-shot std over draws: 0.02 on every seed
+            assert row["std (%)"][0] == row["ci95 (%)"][0] == f"0 {SAME_MARK}" and expected["std"] == 0
+        elif len(values) > 1:
             assert close(row["std (%)"][0], values.std(ddof=1), 100, 2)
         else:
             assert row["std (%)"][0] == row["ci95 (%)"][0] == "—"
+    assert (
+        sum(row["std (%)"][0] == f"0 {SAME_MARK}" for row in rows) == 4 * 2
+    )  # k = 1, 2, 4, 8 of alpha, beta
+    assert report["html"].split('id="table-summary"')[1].split("</details>")[0].count(SAME_NOTE) == 1
 
 
 def test_comparisons_cover_headline_metrics_and_equal_their_csv(report, page):
@@ -518,12 +582,15 @@ def test_comparisons_cover_headline_metrics_and_equal_their_csv(report, page):
         assert (row["method_a"][0], row["method_b"][0]) == (expected["method_a"], expected["method_b"])
         assert close(row["mean A − B (% points)"][0], expected["mean_diff"], 100, 2)
         assert int(row["n"][0]) == expected["n"] and row["verdict"][0] == expected["verdict"]
+        assert int(row["tests in family"][0]) == expected["family_size"]
         if expected["n"] > 1:
-            assert math.isclose(
-                float(row["p (paired t)"][0]), expected["p_value"], rel_tol=5e-3, abs_tol=1e-300
-            )
+            for shown, column in (("p (paired t)", "p_value"), ("p (Holm)", "p_adjusted")):
+                assert math.isclose(float(row[shown][0]), expected[column], rel_tol=5e-3, abs_tol=1e-300)
+            low, high = row["95% CI of A − B (% points)"][0].split(" to ")
+            assert close(low, expected["ci_low"], 100, 2) and close(high, expected["ci_high"], 100, 2)
         else:
-            assert row["p (paired t)"][0] == "—" and expected["verdict"] == "untested (n < 2)"
+            assert row["p (paired t)"][0] == row["p (Holm)"][0] == "—"
+            assert row["95% CI of A − B (% points)"][0] == "—" and expected["verdict"] == "untested (n < 2)"
     knn = comparisons[
         (comparisons["metric"] == "top1_k200_t0.1")
         & (comparisons["eval_dataset"] == DATASET)
@@ -531,6 +598,7 @@ def test_comparisons_cover_headline_metrics_and_equal_their_csv(report, page):
         & (comparisons["method_b"] == "beta")
     ].iloc[0]
     assert knn["verdict"] == "alpha > beta"  # 0.10 apart, seed noise 0.01
+    assert knn["family_size"] == 1 and knn["p_adjusted"] == knn["p_value"]  # pcl's pairs are untested
     transfer = comparisons[(comparisons["eval_dataset"] == TARGET) & (comparisons["metric"] == "top1")]
     assert list(transfer["verdict"]) == ["beta > alpha"]  # compared within the pair only
 
@@ -726,32 +794,259 @@ def test_ablation_figures_numeric_axes_and_grouped_policies(wide):
     assert ticks == ["autoaugment", "randaugment", "simclr"] and policy.axes[0].get_xscale() == "linear"
 
 
-def test_comparison_matrices_equal_comparisons_csv_at_full_size(wide):
-    """Per dataset pair and headline metric one methods × methods matrix: row − column in % points,
-    the mirror of each compared pair negated, coloured by sign, strong only where p < 0.05."""
-    comparisons = csv(wide, "comparisons")
-    matrices = re.findall(r'<table class="matrix" id="([^"]+)">(.*?)</table>', wide["html"])
-    methods = sorted(
-        {m for label, (base, _) in ({m: (m, 0) for m in WIDE_BASES} | WIDE_SWEEPS).items() for m in [label]}
-    )
-    assert len(methods) >= 16 and len(matrices) == 4  # 2 pairs x (kNN, linear)
+MATRIX = re.compile(r'<table class="matrix" id="([^"]+)">(.*?)</table><p class="note">([^<]*)</p>')
+MATRIX_CELL = re.compile(r'<td class="([^"]+)"(?: title="([^"]*)")?>([^<]*)</td>')
+TESTED_TITLE = re.compile(r"95% CI (\S+) to (\S+), p = (\S+), Holm p = (\S+), n = (\d+)$")
+
+
+def check_matrices(report) -> set[str]:
+    """Every methods × methods matrix of the page against comparisons.csv: row − column in % points
+    (0 for a tie), the mirror of each compared pair negated with its interval, coloured by sign,
+    strong only where the Holm-adjusted p < 0.05, italic where exact; under each, what its family of
+    tests can resolve. Returns the cells' classes."""
+    comparisons = csv(report, "comparisons")
+    protocols = "|".join(sorted({p for _, p, _ in HEADLINE}))
     kinds = set()
-    for table_id, body in matrices:
-        pair_part, protocol, metric = re.fullmatch(r"matrix-(.+)-(knn|linear)-(.+)", table_id).groups()
+    for table_id, body, resolution in MATRIX.findall(report["html"]):
+        pair_part, protocol, metric = re.fullmatch(rf"matrix-(.+?)-({protocols})-(.+)", table_id).groups()
         target = TARGET if pair_part == PAIR_ID else DATASET
+        of = comparisons[
+            (comparisons["eval_dataset"] == target)
+            & (comparisons["protocol"] == protocol)
+            & (comparisons["metric"] == metric)
+        ]
+        methods = sorted(set(of["method_a"]) | set(of["method_b"]))
         rows = re.findall(r'<tr><th class="text">([^<]+)</th>(.*?)</tr>', body)
         assert [r for r, _ in rows] == methods
-        cells = {r: re.findall(r'<td class="([^"]+)"(?: title="[^"]*")?>([^<]*)</td>', c) for r, c in rows}
-        of = comparisons[(comparisons["eval_dataset"] == target) & (comparisons["metric"] == metric)]
-        for a, b, diff, p in of[["method_a", "method_b", "mean_diff", "p_value"]].itertuples(index=False):
-            for row, column, sign in ((a, b, 1), (b, a, -1)):
-                kind, text = cells[row][methods.index(column)]
-                assert close(text.replace("+", ""), sign * diff, 100, 1), (row, column)
-                assert kind.split()[0] == ("better" if sign * diff > 0 else "worse")
-                assert ("sig" in kind.split()) == (p < 0.05)
+        cells = {r: MATRIX_CELL.findall(c) for r, c in rows}
+        assert all(cells[m][i] == ("self", "", "") for i, m in enumerate(methods))
+        for pair in of.itertuples(index=False):
+            expected = (
+                "untested"
+                if pair.n < 2
+                else "exact"
+                if pd.isna(pair.p_value)
+                else "resolved"
+                if pair.p_adjusted < 0.05
+                else "noise"
+            )
+            for row, column, sign in ((pair.method_a, pair.method_b, 1), (pair.method_b, pair.method_a, -1)):
+                kind, title, text = cells[row][methods.index(column)]
+                side = "better" if sign * pair.mean_diff > 0 else "worse" if pair.mean_diff else "tie"
+                assert kind.split() == [side, expected], (row, column)
+                assert text == "0" if side == "tie" else close(text, sign * pair.mean_diff, 100, 1)
+                if expected in ("resolved", "noise"):
+                    low, high, p, p_adjusted, n = TESTED_TITLE.search(title).groups()
+                    low, high = (low, high) if sign > 0 else (high, low)
+                    assert close(low, sign * pair.ci_low, 100, 2) and close(high, sign * pair.ci_high, 100, 2)
+                    assert math.isclose(float(p), pair.p_value, rel_tol=5e-3)
+                    assert math.isclose(float(p_adjusted), pair.p_adjusted, rel_tol=5e-3)
+                    assert int(n) == pair.n
                 kinds.add(kind)
-        assert all(cells[m][i] == ("self", "") for i, m in enumerate(methods))
-    assert {"better sig", "worse sig", "better", "worse"} <= kinds  # both colours, both strengths
+        tested = of[of["p_value"].notna()]
+        tests = "paired test" if len(tested) == 1 else "paired tests"
+        assert f"With {tested['n'].max()} seeds and {len(tested)} {tests} in this matrix" in resolution
+        assert set(of["family_size"]) == {len(tested)}
+    return kinds
+
+
+def test_comparison_matrices_equal_comparisons_csv_at_full_size(wide):
+    """Every method on 3 seeds: k(k − 1)/2 tests a matrix, and Holm's correction calls far fewer
+    differences than the raw p-values would."""
+    assert len(MATRIX.findall(wide["html"])) == 4  # 2 pairs x (kNN, linear)
+    assert {"better noise", "worse noise"} <= check_matrices(wide)
+    comparisons = csv(wide, "comparisons")
+    k = len(WIDE_BASES) + len(WIDE_SWEEPS)
+    assert (
+        set(comparisons["family_size"]) == {k * (k - 1) // 2}
+        and f"{k * (k - 1) // 2} paired tests" in wide["html"]
+    )
+    assert (comparisons["p_adjusted"] < 0.05).sum() < (comparisons["p_value"] < 0.05).sum() / 4
+
+
+def test_comparison_matrices_equal_comparisons_csv(report):
+    """alpha beats beta by 10 points at 1 point of noise: resolved in every matrix; pcl has one seed."""
+    assert len(MATRIX.findall(report["html"])) == len(HEADLINE) + 2  # and kNN, linear on the target
+    assert {"better resolved", "worse resolved", "better untested", "worse untested"} <= check_matrices(
+        report
+    )
+
+
+def test_ties_and_exact_differences_in_a_matrix():
+    """A mean difference of round-off is a tie: "0", white, never "+0.0"; a difference the same on
+    every seed is exact: italic, its title says there is no test."""
+    b = np.array([0.1 + 0.2, 0.6, 0.6])
+    table = pd.DataFrame(
+        [
+            {**dict(zip(KEY, ("d", "d", m, s, "knn", "top1"))), "value": v}
+            for m, values in {"a": [0.3, 0.5, 0.7], "b": b, "c": b + 0.1}.items()
+            for s, v in enumerate(values)
+        ]
+    )
+    comparisons = paired_comparison(table, "knn", "top1")
+    assert list(comparisons["verdict"]) == ["within noise", "within noise", "c > b (exact)"]
+    cells = {
+        (row, i): cell
+        for row, body in re.findall(
+            r'<th class="text">([^<]+)</th>(.*?)</tr>',
+            comparison_matrix_html(comparisons, ("d", "d"), "knn", "top1"),
+        )
+        for i, cell in enumerate(MATRIX_CELL.findall(body))
+    }
+    kind, _, text = cells[("a", 1)]  # a − b: −5.6e-17, 0.1, −0.1
+    assert (kind, text) == ("tie noise", "0")
+    kind, title, text = cells[("c", 1)]
+    assert (kind, text) == ("better exact", "+10.0") and "no test" in title
+    assert cells[("b", 2)][0] == "worse exact"
+
+
+# --------------------------------------------------------------------------- leaderboard
+RESNET, VIT = "resnet18", "vit_tiny_patch16_224"
+FLOOR = [0.50, 0.55, 0.45, 0.52, 0.48]
+LEADER_RUNS = {  # label: (method_base, backbone, kNN top-1 per seed)
+    "random": ("random", RESNET, FLOOR),
+    f"random[{VIT}]": ("random", VIT, [0.30, 0.31, 0.29, 0.30]),
+    "simclr": ("simclr", RESNET, [0.60, 0.62, 0.64]),
+    "byol": ("byol", RESNET, [0.50, 0.55, 0.49]),
+    "moco": ("moco", RESNET, [0.45, 0.42, 0.47]),
+    "one": ("one", RESNET, [0.70]),
+    "mae": ("mae", VIT, [0.35, 0.36, 0.34]),
+    "dino[vit_s16]": ("dino", "vit_small_patch16_224", [0.40, 0.41, 0.42]),
+    "supervised": ("supervised", RESNET, [0.90, 0.91, 0.92]),
+    "pixels": ("pixels", "pixels", [0.40, 0.40, 0.40]),
+}
+
+
+def leader_table() -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                **dict(zip(KEY, (DATASET, DATASET, label, s, "knn", "top1_k200_t0.1"))),
+                "value": v,
+                "method_base": base,
+                "backbone": backbone,
+                "small_stem": backbone == RESNET,
+                "backbone_args": "{}",
+                "features": "pooled",
+                "stale": label == "byol",
+            }
+            for label, (base, backbone, values) in LEADER_RUNS.items()
+            for s, v in enumerate(values)
+        ]
+    )
+
+
+def test_leaderboard_cells_marks_and_legend_from_known_inputs():
+    """Ranked by mean; each margin against its own backbone's floor with its Welch interval (simclr's by
+    hand in test_stats: +12.00 [+6.96, +17.04]); ✓ above, · not resolved, ✗ below, "n < 2" for one
+    seed, "no floor" where the backbone has none; the references last, unranked; stale byol marked."""
+    table = leader_table()
+    (board,) = leaderboards(table, summarise(table), margins(table), run_floors(table))
+    cells = leaderboard_display(board, {"byol"}).set_index("method")
+    assert list(cells.index) == [
+        "one",
+        "simclr",
+        "byol †",
+        "moco",
+        "dino[vit_s16]",
+        "mae",
+        "random",
+        f"random[{VIT}]",
+        "supervised",
+        "pixels",
+    ]
+    assert list(cells["#"]) == ["1", "2", "3", "4", "5", "6"] + ["reference"] * 4
+    assert dict(cells["above its floor"]) == {
+        "one": "n < 2",
+        "simclr": "✓",
+        "byol †": "·",
+        "moco": "✗",
+        "dino[vit_s16]": "no floor",
+        "mae": "✓",
+        "random": "—",
+        f"random[{VIT}]": "—",
+        "supervised": "✓",
+        "pixels": "—",
+    }
+    simclr = cells.loc["simclr"]
+    assert simclr["margin [95% CI] (% points)"] == "+12.00 [+6.96, +17.04]"
+    assert (simclr["mean ± std (n)"], simclr["floor"]) == ("62.00 ± 2.00 (n=3)", "random")
+    assert simclr["floor mean ± std (n)"] == "50.00 ± 3.81 (n=5)"
+    assert cells.loc["mae", "floor"] == f"random[{VIT}]" and cells.loc["mae", "floor mean ± std (n)"] == (
+        "30.00 ± 0.82 (n=4)"
+    )
+    assert cells.loc["one", "margin [95% CI] (% points)"] == "+20.00"  # no interval with one seed
+    assert cells.loc["moco", "margin [95% CI] (% points)"].startswith("−5.33 [")
+    assert cells.loc["dino[vit_s16]", "floor"] == "none: no random run on its backbone vit_small_patch16_224"
+    assert cells.loc["dino[vit_s16]", "margin [95% CI] (% points)"] == "—"
+    assert cells.loc["random", "floor"] == "the floor of resnet18 (small stem)"
+    assert cells.loc["pixels", "mean ± std (n)"] == f"40.00 {SAME_MARK} (n=3)"
+
+    text = leaderboard_text(table)
+    assert text.startswith(f"## Leaderboard: {DATASET}, {HEADLINE[0][0]}\n\n| # | method |")
+    assert "| 3 | byol † |" in text and "| reference | pixels |" in text
+    for words in (
+        "Welch–Satterthwaite",
+        "Holm's correction within the 4 learned methods tested here",  # not one (n < 2) nor dino
+        "Seeds: learned methods n = 1, 3; floors n = 4, 5.",
+        "here random is the floor of resnet18 (small stem); random[vit_tiny_patch16_224] is the floor of "
+        "vit_tiny_patch16_224.",
+        "not claimed to learn anything at this budget",
+        "none: no random run on the method's backbone",
+    ):
+        assert words in text, words
+
+
+def test_leaderboard_opens_table_md_and_the_page_and_equals_margins_csv(wide):
+    """The full method list, one backbone: every learned method against random, ranked by mean; the
+    leaderboards open table.md (the text ``leaderboard_text`` gives from table.csv alone) and the
+    page; each margin, interval and p equal Welch's from table.csv (scipy)."""
+    table = pd.read_csv(wide["results"] / "table.csv")
+    markdown = (wide["out"] / "table.md").read_text()
+    leaders = markdown.split(HEADLINE_HEADING)[0]
+    assert leaders == leaderboard_text(read_table(wide["results"]))
+    assert re.findall(r"^## (.*)$", leaders, re.M) == [
+        f"Leaderboard: {DATASET}, {HEADLINE[0][0]}",
+        f"Leaderboard: {DATASET} → {TARGET}, {HEADLINE[0][0]}",
+    ]
+    assert wide["html"].split("<h2>")[1].startswith(f"Leaderboard: {DATASET}, ")
+    assert wide["html"].index(f'id="table-leaderboard-{DATASET}"') < wide["html"].index("table-headline")
+    margin_rows = csv(wide, "margins")
+    assert {
+        "floor",
+        "n",
+        "floor_n",
+        "margin",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "p_adjusted",
+        "verdict",
+    } <= set(margin_rows.columns)
+    assert set(margin_rows["method"]) == set(table["method"]) - {"random", "pixels"}
+    assert set(margin_rows["floor"]) == {"random"}
+    for row in margin_rows.itertuples():
+        rows = table[(table["eval_dataset"] == row.eval_dataset) & (table["metric"] == row.metric)]
+        a, b = (rows.loc[rows["method"] == m, "value"] for m in (row.method, "random"))
+        welch = scipy_stats.ttest_ind(a, b, equal_var=False, alternative="greater")
+        assert math.isclose(row.p_value, welch.pvalue, rel_tol=1e-9) and math.isclose(row.df, welch.df)
+        half = scipy_stats.t.ppf(0.975, welch.df) * math.sqrt(a.var() / len(a) + b.var() / len(b))
+        assert math.isclose(row.margin, a.mean() - b.mean(), abs_tol=1e-12)
+        assert math.isclose(row.ci_low, row.margin - half) and math.isclose(row.ci_high, row.margin + half)
+    for target, pair in ((DATASET, DATASET), (TARGET, PAIR_ID)):
+        shown = records(wide["page"], f"table-leaderboard-{pair}")
+        knn = margin_rows[(margin_rows["eval_dataset"] == target) & (margin_rows["protocol"] == "knn")]
+        learned = knn[knn["role"] == "learned"].sort_values("mean", ascending=False)
+        ranked = [r for r in shown if r["#"][0] != "reference"]
+        assert [r["method"][0].removesuffix(" †") for r in ranked] == list(learned["method"])
+        assert [r["#"][0] for r in ranked] == [str(i) for i in range(1, len(ranked) + 1)]
+        references = ["random", "supervised", "supervised[train.lr=0.3]", "pixels"]
+        assert [r["method"][0] for r in shown[len(ranked) :]] == references
+        for cells, expected in zip(ranked, learned.itertuples()):
+            margin = cells["margin [95% CI] (% points)"][0]
+            assert close(margin.split(" [")[0], expected.margin, 100, 2)
+            mark = {"above its floor": "✓", "not resolved": "·", "below its floor mean": "✗"}
+            assert cells["above its floor"][0] == mark[expected.verdict]
 
 
 def test_stale_methods_are_marked_with_how_to_refresh(wide):
@@ -892,3 +1187,23 @@ def test_reproduced_table_sets_the_released_weights_between_the_paper_and_ours(t
 def mkdir(folder: Path) -> Path:
     folder.mkdir(parents=True)
     return folder
+
+
+def test_a_finished_run_prints_the_leaderboard_where_the_report_is_as_new_as_the_table(report, tmp_path):
+    """The Snakefile's onsuccess: the first command shows the result, or says how to get it."""
+    from sslbench.report.tables import finished_message
+
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(report["results"] / "table.csv", results / "table.csv")
+    assert "`snakemake --cores all` writes the report" in finished_message(results)  # no report yet
+    for name in ("report.html", "table.md"):
+        shutil.copy(report["out"] / name, results / name)
+    shown = finished_message(results)
+    assert shown.startswith("## Leaderboard: ") and shown.endswith(
+        f"The whole report: {results / 'report.html'} (its tables: {results / 'table.md'})"
+    )
+    assert shown.split("\n\nThe whole report")[0] in (results / "table.md").read_text()
+    os.utime(results / "table.csv", (1e10, 1e10))  # a table newer than its report
+    assert "writes the report" in finished_message(results)
+    assert finished_message(tmp_path / "nothing") == ""

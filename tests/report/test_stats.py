@@ -1,5 +1,6 @@
-"""Statistics over seeds: hand-computed summaries, the paired test's verdicts, the headline table,
-and our numbers beside the papers'."""
+"""Statistics over seeds: hand-computed summaries, the paired test's verdicts, each method's margin
+over the floor of its own backbone, the leaderboard, the headline table, and our numbers beside the
+papers'."""
 
 import math
 import shutil
@@ -8,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from scipy import stats as scipy_stats
 from support import METHODS_DIR, REPO, preset_config
 
 from evaluation.knn import variant_name
@@ -15,18 +17,27 @@ from sslbench.errors import ConfigError
 from sslbench.plan.protocols import protocol_settings
 from sslbench.report.stats import (
     HEADLINE,
+    SAME_MARK,
     TableError,
     ablation_table,
+    absent_headline,
     best_methods,
     comparison_matrix,
     headline_stats,
     headline_table,
+    holm,
+    leaderboard,
+    margins,
     matrix_metrics,
     paired_comparison,
+    paired_test,
     read_paper_results,
     reproduced_vs_reported,
+    resolution_note,
+    run_floors,
     stale_methods,
     summarise,
+    welch_margin,
 )
 
 T975 = {2: 4.302652729911275, 4: 2.7764451051977987}  # Student t 0.975 quantiles (tables)
@@ -55,6 +66,17 @@ def long_table(
 
 
 # --------------------------------------------------------------------------- summarise
+def test_a_value_the_same_on_every_seed_has_std_zero_and_no_plus_minus():
+    """0.1 + 0.2 and 0.3 differ by round-off only: the same value, std exactly 0, shown with the mark."""
+    summary = summarise(long_table({"pixels": [0.1 + 0.2, 0.3, 0.3], "a": [0.3, 0.3, 0.3 + 1e-9]}))
+    row = summary.set_index("method").loc["pixels"]
+    assert row["std"] == 0 and row["ci95"] == 0 and row["n"] == 3
+    assert summary.set_index("method").loc["a", "std"] > 0  # a billionth apart is a spread
+    cells = headline_table(summary)
+    assert cells.loc["pixels", HEADLINE[0][0]] == f"30.00 {SAME_MARK}"
+    assert "±" in cells.loc["a", HEADLINE[0][0]]
+
+
 def test_summary_by_hand():
     summary = summarise(long_table({"a": [0.1, 0.2, 0.4], "b": [0.5]})).set_index("method")
     a = summary.loc["a"]
@@ -159,14 +181,101 @@ def test_every_pair_once_on_shared_seeds_only():
     out = paired_comparison(table, "knn", "top1_k200_t0.1")
     assert list(zip(out["method_a"], out["method_b"])) == [("a", "b"), ("a", "c"), ("b", "c")]
     assert list(out["n"]) == [1, 3, 1]
-    assert list(out["verdict"]) == [
-        "untested (n < 2)",
-        "a > c",
-        "untested (n < 2)",
-    ]  # a - c = 0.1 on every seed
-    assert out.loc[1, "p_value"] == 0.0 and math.isnan(out.loc[0, "p_value"])
+    assert list(out["verdict"]) == ["untested (n < 2)", "a > c (exact)", "untested (n < 2)"]
+    assert math.isnan(out.loc[0, "p_value"]) and math.isnan(out.loc[0, "ci_low"])
+
+
+def test_a_difference_the_same_on_every_seed_is_exact_not_p_zero():
+    """sd 0: no t-test (p and its adjustment NaN, outside the family), the interval the point itself,
+    and the verdict says exact; identical values are a tie."""
+    # a − c is 0.1 up to round-off on every seed (0.3 − 0.2 is 0.09999999999999998)
+    table = long_table({"a": [0.2, 0.3, 0.4], "c": [0.1, 0.2, 0.3], "d": [0.5, 0.1, 0.2]})
+    out = paired_comparison(table, "knn", "top1_k200_t0.1").set_index(["method_a", "method_b"])
+    exact = out.loc[("a", "c")]
+    assert math.isnan(exact["p_value"]) and math.isnan(exact["p_adjusted"])
+    assert exact["verdict"] == "a > c (exact)"
+    assert math.isclose(exact["mean_diff"], 0.1) and exact["ci_low"] == exact["ci_high"] == exact["mean_diff"]
+    assert set(out["family_size"]) == {2}  # a − d and c − d are tested; a − c is not
     same = paired_comparison(long_table({"a": [0.2, 0.3], "b": [0.2, 0.3]}), "knn", "top1_k200_t0.1")
-    assert same.loc[0, "p_value"] == 1.0 and same.loc[0, "verdict"] == "within noise"
+    assert same.loc[0, "mean_diff"] == 0 and math.isnan(same.loc[0, "p_value"])
+    assert same.loc[0, "verdict"] == "tie (equal on every seed)"
+
+
+def test_a_mean_difference_within_roundoff_is_a_tie():
+    """0.3 − (0.1 + 0.2) is −5.6e-17: with ±0.1 on the other seeds the mean is round-off, exactly 0,
+    while the differences still vary, so the test runs (t ≈ 0, p ≈ 1)."""
+    a, b = np.array([0.3, 0.5, 0.7]), np.array([0.1 + 0.2, 0.6, 0.6])
+    assert (a - b).mean() != 0
+    test = paired_test(a, b)
+    assert test["mean_diff"] == 0.0 and test["p_value"] > 0.99
+    assert math.isclose(test["ci_high"], -test["ci_low"])
+    assert paired_test(a + 1e-9, b)["mean_diff"] > 0  # a billionth is a difference, not round-off
+
+
+def test_holm_by_hand():
+    """Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 is 0.02, 0.03, 0.06, 0.04; the running maximum
+    makes the last 0.06. NaN is no test: m counts the others."""
+    assert np.allclose(holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+    adjusted = holm([0.3, np.nan, 0.9])
+    assert np.isnan(adjusted[1]) and np.allclose(adjusted[[0, 2]], [0.6, 0.9])
+    assert list(holm([0.7, 0.8])) == [1.0, 1.0]  # 1.4 capped at 1
+    p = np.random.default_rng(2).random(50) ** 3
+    adjusted = holm(p)
+    order = np.argsort(p)
+    assert (adjusted >= p).all() and (adjusted <= 1).all() and (np.diff(adjusted[order]) >= 0).all()
+
+
+def p_two_dof(t: float) -> float:
+    """Two-sided p of Student t with 2 degrees of freedom: its CDF is 1/2 + t / (2 √(2 + t²))."""
+    return 1 - abs(t) / math.sqrt(2 + t * t)
+
+
+def test_verdicts_use_holm_within_each_dataset_pair():
+    """Three methods on three seeds, the differences in % points: a − b = 9, 10, 11 (t = 10√3),
+    a − c = 5, 7, 9 (t = 3.5√3), b − c = −4, −3, −2 (|t| = 3√3). Raw p 0.0033, 0.026, 0.035 all
+    under 0.05; Holm multiplies them by 3, 2, 1 (running maximum): 0.0099, 0.052, 0.052, so only
+    a > b stands. The same numbers on a second target form their own family of three."""
+    b = np.array([0.5, 0.6, 0.7])
+    values = {"a": b + [0.09, 0.10, 0.11], "b": b, "c": b + [0.04, 0.03, 0.02]}
+    table = pd.concat([long_table(values), long_table(values, target="fashion_mnist")])
+    out = paired_comparison(table, "knn", "top1_k200_t0.1")
+    raw = [p_two_dof(10 * math.sqrt(3)), p_two_dof(3.5 * math.sqrt(3)), p_two_dof(3 * math.sqrt(3))]
+    adjusted = [3 * raw[0], 2 * raw[1], max(2 * raw[1], raw[2])]
+    for _, family in out.groupby("eval_dataset"):
+        assert np.allclose(family["p_value"], raw, rtol=1e-9) and max(raw) < 0.05
+        assert np.allclose(family["p_adjusted"], adjusted, rtol=1e-9) and set(family["family_size"]) == {3}
+        assert list(family["verdict"]) == ["a > b", "within noise", "within noise"]
+
+
+def test_paired_interval_and_p_by_hand_and_as_scipy_computes_them():
+    """a − b = 1, 2, 3 % points: mean 2, sd 1, so 2 ± t(0.975, 2)·1/√3, and t = 2√3."""
+    test = paired_test(np.array([0.51, 0.62, 0.73]), np.array([0.5, 0.6, 0.7]))
+    half = T975[2] * 0.01 / math.sqrt(3)
+    assert math.isclose(test["mean_diff"], 0.02) and math.isclose(test["ci_low"], 0.02 - half)
+    assert math.isclose(test["ci_high"], 0.02 + half)
+    assert math.isclose(test["p_value"], p_two_dof(2 * math.sqrt(3)), rel_tol=1e-9)
+    rng = np.random.default_rng(4)
+    for n in (2, 3, 5):
+        a, b = rng.random(n), rng.random(n)
+        assert math.isclose(paired_test(a, b)["p_value"], scipy_stats.ttest_rel(a, b).pvalue, rel_tol=1e-9)
+
+
+def test_resolution_note_gives_the_effect_holm_needs():
+    """n = 3, m = 153: Holm's first step needs p < 0.05/153. Two degrees of freedom invert by hand
+    (c = 1 − 0.05/153, t = c √(2 / (1 − c²)) ≈ 55.3), so the mean difference must exceed t/√3 ≈ 31.9
+    times its sd; differences of exactly that size give exactly that p."""
+    c = 1 - 0.05 / 153
+    t = c * math.sqrt(2 / (1 - c * c))
+    text = resolution_note(3, 153)
+    assert "3 seeds and 153 paired tests" in text and "p < 0.05/153 = 0.00033" in text
+    assert (f"{t:.3g}", f"{t / math.sqrt(3):.3g}") == ("55.3", "31.9")
+    assert "exceeds 31.9 times" in text and "|t| > 55.3, 2 degrees of freedom" in text
+    ratio = t / math.sqrt(3)
+    sd = 0.001
+    diff = ratio * sd + sd * np.array([-1.0, 0.0, 1.0])  # mean ratio·sd, sd exactly sd
+    assert math.isclose(paired_test(0.5 + diff, np.full(3, 0.5))["p_value"], 0.05 / 153, rel_tol=1e-6)
+    assert "the next" not in resolution_note(3, 1) and "1 paired test in" in resolution_note(3, 1)
+    assert "No paired t-test" in resolution_note(3, 0)
 
 
 def test_comparison_matrix_mirrors_each_pair():
@@ -230,6 +339,255 @@ def test_ablation_table_joins_points_to_their_summary_in_axis_order():
     assert list(out["mean"].round(6)) == [0.15, 0.55, 0.3] and list(out["n"]) == [2, 2, 2]
 
 
+# --------------------------------------------------------------------------- floors and margins
+RESNET, VIT = "resnet18", "vit_tiny_patch16_224"
+FLOOR = [0.50, 0.55, 0.45, 0.52, 0.48]  # mean 0.50, squared deviations summing to 0.0058
+
+
+def backbone_table(runs: dict, dataset="digits", target=None, metric="top1_k200_t0.1") -> pd.DataFrame:
+    """{label: (method_base, backbone, [value per seed])} as table.csv rows with the backbone columns;
+    a "resnet" backbone has the small stem, as the suite's default does."""
+    return pd.concat(
+        long_table({label: values}, dataset=dataset, target=target, metric=metric).assign(
+            method_base=base,
+            backbone=backbone,
+            small_stem=backbone.startswith("resnet"),
+            backbone_args="{}",
+            features="pooled",
+        )
+        for label, (base, backbone, values) in runs.items()
+    )
+
+
+def test_each_run_is_measured_against_the_floor_of_its_own_backbone():
+    """A ResNet floor and a ViT floor on digits, another ResNet floor on cifar10: each learned method
+    (and supervised) gets the untrained run of its own backbone on its own pretraining set; a method on
+    a backbone without one (a ViT-S, a ResNet without the small stem) has none, and no margin; the
+    floors, supervised and pixels are references."""
+    vit_floor = [0.30, 0.31, 0.29, 0.30]
+    runs = {
+        "random": ("random", RESNET, FLOOR),
+        f"random[{VIT}]": ("random", VIT, vit_floor),
+        "simclr": ("simclr", RESNET, [0.60, 0.62, 0.64]),
+        "deepcluster": ("deepcluster", RESNET, [0.55, 0.56, 0.57]),  # its Sobel filter is its method's
+        "mae": ("mae", VIT, [0.35, 0.36, 0.34]),
+        "dino[vit_s16]": ("dino", "vit_small_patch16_224", [0.40, 0.41, 0.42]),
+        "supervised": ("supervised", RESNET, [0.90, 0.91, 0.92]),
+        "pixels": ("pixels", "pixels", [0.40, 0.40, 0.40]),
+    }
+    other = {"random": ("random", RESNET, [0.2, 0.25]), "simclr": ("simclr", RESNET, [0.3, 0.35])}
+    table = pd.concat(
+        [
+            backbone_table(runs),
+            backbone_table({"big": ("big", RESNET, [0.7, 0.8])}).assign(small_stem=False),
+            backbone_table(other, dataset="cifar10"),
+        ]
+    )
+    floors = run_floors(table).set_index(["pretrain_dataset", "method"])
+    digits = floors.loc["digits"]
+    assert dict(digits["floor"]) == {
+        "big": "",
+        "deepcluster": "random",
+        "dino[vit_s16]": "",
+        "mae": f"random[{VIT}]",
+        "pixels": "",
+        "random": "",
+        f"random[{VIT}]": "",
+        "simclr": "random",
+        "supervised": "random",
+    }
+    assert dict(digits["role"]) == {
+        "big": "learned",
+        "deepcluster": "learned",
+        "dino[vit_s16]": "learned",
+        "mae": "learned",
+        "pixels": "reference",
+        "random": "floor",
+        f"random[{VIT}]": "floor",
+        "simclr": "learned",
+        "supervised": "reference",
+    }
+    assert digits.loc["dino[vit_s16]", "no_floor"] == "no random run on its backbone vit_small_patch16_224"
+    assert digits.loc["big", "no_floor"] == "no random run on its backbone resnet18"  # no small stem
+    assert digits.loc["random", "backbone"] == "resnet18 (small stem)"
+    assert floors.loc[("cifar10", "simclr"), "floor"] == "random"
+
+    out = margins(table).set_index(["pretrain_dataset", "method"])
+    assert set(out.loc["digits"].index) == {
+        "big",
+        "deepcluster",
+        "dino[vit_s16]",
+        "mae",
+        "simclr",
+        "supervised",
+    }
+    mae, simclr = out.loc[("digits", "mae")], out.loc[("digits", "simclr")]
+    assert (mae["floor"], mae["floor_n"]) == (f"random[{VIT}]", 4) and math.isclose(mae["floor_mean"], 0.30)
+    assert math.isclose(mae["margin"], 0.05) and mae["verdict"] == "above its floor"
+    assert (simclr["floor"], simclr["floor_n"]) == ("random", 5) and math.isclose(simclr["margin"], 0.12)
+    cifar = out.loc[("cifar10", "simclr")]  # cifar10's own floor, not digits'
+    assert math.isclose(cifar["floor_mean"], 0.225) and math.isclose(cifar["margin"], 0.1)
+    for method in ("dino[vit_s16]", "big"):
+        row = out.loc[("digits", method)]
+        assert row["verdict"] == "no floor" and row["floor"] == "" and row["floor_n"] == 0
+        assert all(math.isnan(row[k]) for k in ("floor_mean", "margin", "ci_low", "p_value", "p_adjusted"))
+    assert out.loc[("digits", "supervised"), "role"] == "reference"
+    assert set(out.loc["digits", "family_size"]) == {3, 1}  # simclr, deepcluster, mae; supervised alone
+
+
+def test_a_floor_not_evaluated_on_a_target_gives_no_margin_there():
+    table = pd.concat(
+        [
+            backbone_table({"random": ("random", RESNET, FLOOR), "a": ("a", RESNET, [0.60, 0.62, 0.64])}),
+            backbone_table({"a": ("a", RESNET, [0.3, 0.4])}, target="fashion_mnist"),
+        ]
+    )
+    out = margins(table).set_index("eval_dataset")
+    assert out.loc["digits", "verdict"] == "above its floor"
+    assert out.loc["fashion_mnist", "verdict"] == "floor not evaluated"
+    assert out.loc["fashion_mnist", "floor"] == "random" and math.isnan(out.loc["fashion_mnist", "margin"])
+
+
+def test_margin_interval_and_p_by_hand_and_as_scipy_computes_them():
+    """Method 0.60, 0.62, 0.64 (mean 0.62, s² = 0.0004) against its floor FLOOR (mean 0.50, s² =
+    0.0058/4 = 0.00145), in units of 1e-4: s²/n = 4/3 and 2.9, se² = 12.7/3, Welch–Satterthwaite
+    df = (12.7/3)² / ((4/3)²/2 + 2.9²/4) = 5.9909; margin 0.12 ± t(0.975, df)·se; one-sided p of
+    t = 0.12/se."""
+    out = welch_margin(np.array([0.60, 0.62, 0.64]), np.array(FLOOR))
+    se = math.sqrt(12.7 / 3) * 1e-2
+    df = (12.7 / 3) ** 2 / ((4 / 3) ** 2 / 2 + 2.9**2 / 4)
+    assert round(df, 4) == 5.9909 and math.isclose(out["df"], df, rel_tol=1e-12)
+    assert (out["n"], out["floor_n"]) == (3, 5) and math.isclose(out["margin"], 0.12)
+    assert math.isclose(out["mean"], 0.62) and math.isclose(out["floor_mean"], 0.50)
+    assert math.isclose(out["std"], 0.02) and math.isclose(out["floor_std"], math.sqrt(0.00145))
+    half = scipy_stats.t.ppf(0.975, df) * se
+    assert math.isclose(out["ci_low"], 0.12 - half) and math.isclose(out["ci_high"], 0.12 + half)
+    assert round(out["ci_low"], 4) == 0.0696 and round(out["ci_high"], 4) == 0.1704
+    assert math.isclose(out["p_value"], scipy_stats.t.sf(0.12 / se, df), rel_tol=1e-9)
+    welch = scipy_stats.ttest_ind([0.60, 0.62, 0.64], FLOOR, equal_var=False, alternative="greater")
+    assert math.isclose(out["p_value"], welch.pvalue, rel_tol=1e-9) and math.isclose(out["df"], welch.df)
+    rng = np.random.default_rng(5)
+    for n, floor_n in ((2, 2), (3, 30), (10, 4)):
+        a, b = rng.normal(0.6, 0.05, n), rng.normal(0.55, 0.01, floor_n)
+        expected = scipy_stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue
+        assert math.isclose(welch_margin(a, b)["p_value"], expected, rel_tol=1e-9)
+
+
+def test_margins_are_holm_adjusted_within_the_learned_methods_of_each_family():
+    """Four learned methods on one floor, one-sided Welch p 0.00056, 0.0041, 0.028, 0.22 (scipy):
+    Holm multiplies them by 4, 3, 2, 1 with a running maximum, so c's 0.028 becomes 0.056 and is not
+    resolved. supervised is a family of its own (its p unadjusted), and a second target is another
+    family."""
+    methods = {
+        "a": [0.60, 0.62, 0.64],
+        "b": [0.56, 0.60, 0.58],
+        "c": [0.53, 0.58, 0.55],
+        "d": [0.52, 0.49, 0.55],
+    }
+    runs = {"random": ("random", RESNET, FLOOR), "supervised": ("supervised", RESNET, [0.9, 0.95])}
+    runs |= {m: (m, RESNET, v) for m, v in methods.items()}
+    table = pd.concat([backbone_table(runs), backbone_table(runs, target="fashion_mnist")])
+    raw = [
+        scipy_stats.ttest_ind(v, FLOOR, equal_var=False, alternative="greater").pvalue
+        for v in methods.values()
+    ]
+    assert [round(p, 4) for p in raw] == [0.0006, 0.0041, 0.0280, 0.2230]
+    adjusted = [4 * raw[0], 3 * raw[1], 2 * raw[2], max(2 * raw[2], raw[3])]
+    out = margins(table)
+    for _, family in out.groupby("eval_dataset"):
+        learned = family[family["role"] == "learned"].set_index("method")
+        assert list(learned.index) == list(methods)
+        assert np.allclose(learned["p_value"], raw, rtol=1e-9)
+        assert np.allclose(learned["p_adjusted"], adjusted, rtol=1e-9) and set(learned["family_size"]) == {4}
+        assert list(learned["verdict"]) == [
+            "above its floor",
+            "above its floor",
+            "not resolved",
+            "not resolved",
+        ]
+        supervised = family[family["role"] == "reference"].iloc[0]
+        assert supervised["p_adjusted"] == supervised["p_value"] and supervised["family_size"] == 1
+
+
+def test_margin_verdicts_below_one_seed_and_the_same_on_every_seed():
+    """Below its floor's mean: "below its floor mean", with its p (above 0.5 for "method > floor").
+    One seed on either side: "n < 2", the margin but no interval or test. A floor the same on every
+    seed adds no spread (df = n − 1); both the same on every seed: exact,
+    no test, outside the family."""
+    runs = {
+        "random": ("random", RESNET, [0.5, 0.5, 0.5]),
+        "low": ("low", RESNET, [0.45, 0.47, 0.46]),
+        "one": ("one", RESNET, [0.9]),
+        "up": ("up", RESNET, [0.6, 0.62, 0.64]),
+        "flat": ("flat", RESNET, [0.1 + 0.2 + 0.3, 0.6, 0.6]),  # the same up to round-off
+        "even": ("even", RESNET, [0.5, 0.5, 0.5]),
+        f"random[{VIT}]": ("random", VIT, [0.3]),
+        "mae": ("mae", VIT, [0.4, 0.5]),
+    }
+    out = margins(backbone_table(runs)).set_index("method")
+    low = out.loc["low"]
+    assert low["verdict"] == "below its floor mean" and low["p_value"] > 0.5 and low["margin"] < 0
+    for method in ("one", "mae"):
+        row = out.loc[method]
+        assert row["verdict"] == "n < 2" and math.isfinite(row["margin"])
+        assert math.isnan(row["ci_low"]) and math.isnan(row["p_value"])
+    up = out.loc["up"]  # se = 0.02/√3 from its own spread alone, df = 3 − 1
+    assert up["df"] == 2 and math.isclose(up["p_value"], scipy_stats.t.sf(0.12 / (0.02 / math.sqrt(3)), 2))
+    flat, even = out.loc["flat"], out.loc["even"]
+    assert flat["verdict"] == "above its floor (exact)" and math.isnan(flat["p_value"])
+    assert flat["ci_low"] == flat["ci_high"] == flat["margin"] and math.isclose(flat["margin"], 0.1)
+    assert even["verdict"] == "tie (equal on every seed)" and even["margin"] == 0
+    assert set(out.loc[["low", "up"], "family_size"]) == {2}  # flat and even are not tested
+
+
+def test_leaderboard_ranks_learned_methods_by_mean_and_lists_the_references_after():
+    """mae's margin over its ViT floor (+5) beats byol's over the ResNet floor (+1.3), but byol's mean
+    is higher: the rank is by mean. Marks from known inputs: simclr and mae above their floors, byol
+    not resolved, moco below; dino has no floor; the floors, supervised and pixels follow, unranked."""
+    runs = {
+        "random": ("random", RESNET, FLOOR),
+        f"random[{VIT}]": ("random", VIT, [0.30, 0.31, 0.29, 0.30]),
+        "simclr": ("simclr", RESNET, [0.60, 0.62, 0.64]),
+        "byol": ("byol", RESNET, [0.50, 0.55, 0.49]),
+        "moco": ("moco", RESNET, [0.45, 0.42, 0.47]),
+        "mae": ("mae", VIT, [0.35, 0.36, 0.34]),
+        "dino[vit_s16]": ("dino", "vit_small_patch16_224", [0.40, 0.41, 0.42]),
+        "supervised": ("supervised", RESNET, [0.90, 0.91, 0.92]),
+        "pixels": ("pixels", "pixels", [0.40, 0.40, 0.40]),
+    }
+    linear = backbone_table({"simclr": ("simclr", RESNET, [0.99, 0.98])}, metric="top1").assign(
+        protocol="linear"
+    )
+    table = pd.concat([backbone_table(runs), linear])
+    board = leaderboard(summarise(table), margins(table), run_floors(table), ("digits", "digits"))
+    assert board.label == HEADLINE[0][0]  # kNN: the first headline metric, though simclr has linear too
+    rows = board.rows.set_index("method")
+    assert list(rows.index) == [
+        "simclr",
+        "byol",
+        "moco",
+        "dino[vit_s16]",
+        "mae",
+        "random",
+        f"random[{VIT}]",
+        "supervised",
+        "pixels",
+    ]
+    assert list(rows["rank"].iloc[:5]) == [1, 2, 3, 4, 5] and rows["rank"].iloc[5:].isna().all()
+    assert list(rows["role"].iloc[5:]) == ["floor", "floor", "reference", "reference"]
+    assert dict(rows["verdict"].iloc[:5]) == {
+        "simclr": "above its floor",
+        "byol": "not resolved",
+        "moco": "below its floor mean",
+        "dino[vit_s16]": "no floor",
+        "mae": "above its floor",
+    }
+    assert rows.loc["mae", "floor"] == f"random[{VIT}]" and rows.loc["byol", "floor"] == "random"
+    assert rows.loc["supervised", "verdict"] == "above its floor" and rows.loc["pixels", "verdict"] == ""
+    assert math.isclose(rows.loc["simclr", "margin"], 0.12) and math.isclose(rows.loc["random", "mean"], 0.5)
+    assert leaderboard(summarise(table), margins(table), run_floors(table), ("digits", "x")) is None
+
+
 # --------------------------------------------------------------------------- headline
 def headline_summary():
     rows = []
@@ -264,10 +622,15 @@ def test_headline_table_strings_and_missing_columns():
     assert out.loc["moco", "AMI"] == "50.00 (n=1)"
 
 
-def test_headline_table_leaves_out_columns_no_method_has():
+def test_headline_table_leaves_out_columns_no_method_has_and_names_them():
     summary = headline_summary()
-    out = headline_table(summary[summary["protocol"].isin(["knn", "linear"])])
+    assert absent_headline(summary) == []
+    knn_linear = summary[summary["protocol"].isin(["knn", "linear"])]
+    out = headline_table(knn_linear)
     assert list(out.columns) == ["kNN top-1 (k200_t0.1)", "linear top-1"]
+    assert absent_headline(knn_linear) == HEADLINE[2:]
+    without_k8 = summary[summary["metric"] != "map_k8_mean"]
+    assert absent_headline(without_k8) == [("low-shot mAP k=8", "lowshot_svm", "map_k8_mean")]
 
 
 def test_best_per_column_ties_at_display_precision():
