@@ -85,7 +85,8 @@ def test_the_snakefile_resolves_runs_with_the_same_loader(tmp_path):
     loader's resolved settings of its (pretraining dataset, method)."""
     presets = write_presets(tmp_path)
     # the floor on the config's one seed: one pretrain job to compare
-    (tmp_path / "c.yaml").write_text("datasets: {mydigits: {name: digits, image_size: 8}}\nfloor: {seeds: 0}\n")
+    preset = "datasets: {mydigits: {name: digits, image_size: 8}}\nfloor: {seeds: 0}\n"
+    (tmp_path / "c.yaml").write_text(preset)
     presets.append(tmp_path / "c.yaml")
     out = subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "results/table.csv", "-n", "-p"]
@@ -477,7 +478,7 @@ def planned_results(**evaluation) -> dict[str, set[str]]:
 
 
 def test_a_protocols_methods_choose_the_runs_it_evaluates_by_folder_or_label():
-    runs = {"simclr", "simclr[hot]", "mae", "random"}
+    runs = {"simclr", "simclr[hot]", "mae", "random", "random[vit_tiny_patch16_224]"}  # and MAE's ViT floor
     assert planned_results() == {"knn": runs, "finetune": runs}
     by_folder = planned_results(finetune={"methods": ["simclr"]})
     assert by_folder == {"knn": runs, "finetune": {"simclr", "simclr[hot]"}}  # a folder: its variants too
