@@ -20,7 +20,7 @@ from pathlib import Path
 from sslbench import atomic
 from sslbench.errors import ConfigError
 from sslbench.plan.checks import dotted, load_yaml, set_in
-from sslbench.plan.limits import split_batch_norm_problem
+from sslbench.plan.limits import pretrain_processes, split_batch_norm_problem
 from sslbench.plan.settings import NOT_TIMM_BACKBONES
 
 FACTS_FILE = ".snakemake/sslbench/backbones.json"  # {key: facts}, beside the sound method folders
@@ -137,7 +137,7 @@ def check_backbones(
         key = facts_key(request, builder)
         requests[key], of_run[dataset, label] = request, key
     facts = checked_facts(requests, facts_file)
-    processes = max(1, int(config["resources"]["pretrain"].get("gpus", 0) or 0))
+    processes = pretrain_processes(config)
     for (dataset, label), key in of_run.items():
         run = plan.runs[dataset, label]
         problem = backbone_problem(facts[key], run, processes)

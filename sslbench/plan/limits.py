@@ -6,6 +6,11 @@ returns the problem (naming the key, the value and the fix), or None."""
 from __future__ import annotations
 
 
+def pretrain_processes(config: dict) -> int:
+    """The processes a pretrain job runs on: one, or torchrun's one per GPU (`resources.pretrain.gpus`)."""
+    return max(1, int(config["resources"]["pretrain"].get("gpus", 0) or 0))
+
+
 def pretrain_batch_problem(batch_size: int, train_images: int, processes: int, dataset: str) -> str | None:
     """`train.batch_size`, the global batch of fixed-size batches (drop_last: MoCo's queue), against the
     pretraining set's train split and the processes it is split over."""

@@ -342,10 +342,10 @@ def check_batches(
     `batch_size` of each protocol that drops the last short batch (its DROPS_LAST_BATCH) on each of
     its targets. The jobs check the same with the same functions (``sslbench.plan.limits``)."""
     from sslbench.plan.backbones import key_source
-    from sslbench.plan.limits import pretrain_batch_problem, protocol_batch_problem
-    from sslbench.plan.protocols import protocol_flag, protocol_settings
+    from sslbench.plan.limits import pretrain_batch_problem, pretrain_processes, protocol_batch_problem
+    from sslbench.plan.protocols import mode_defaults, protocol_flag, protocol_settings
 
-    processes = max(1, int(config["resources"]["pretrain"].get("gpus", 0) or 0))
+    processes = pretrain_processes(config)
     for (dataset, label), run in sorted(runs.items()):
         available = train_images(datasets[dataset])
         if "released" in run or available is None:
@@ -358,25 +358,13 @@ def check_batches(
         settings = protocol_settings(config, protocol)
         if not protocol_flag(protocol, "DROPS_LAST_BATCH", settings):
             continue
-        batch = settings.get("batch_size", protocol_literals_default(protocol, settings, "batch_size"))
+        batch = {**mode_defaults(protocol, settings), **settings}["batch_size"]
         for target in labels:
             available = train_images(datasets[target])
             problem = available is not None and protocol_batch_problem(protocol, batch, available)
             if problem:
                 key = ["evaluation", protocol, "batch_size"]
                 raise ConfigError(f"config key `{dotted(key)}`{set_in(key, sources)}: {problem} ({target})")
-
-
-def protocol_literals_default(protocol: str, settings: dict, key: str):
-    """The default of a protocol setting in the mode ``settings`` choose (a mode's own DEFAULTS first)."""
-    from sslbench.plan.protocols import protocol_defaults
-
-    literals = protocol_defaults(protocol)
-    mode = settings.get("mode", literals["DEFAULTS"].get("mode"))
-    for defaults in literals.values():
-        if defaults.get("mode") == mode and key in defaults:
-            return defaults[key]
-    return literals["DEFAULTS"][key]
 
 
 def protocol_targets(config: dict, protocol: str, pretrain: str, datasets: dict, skipped: dict) -> list[str]:
