@@ -8,11 +8,12 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from sslbench.errors import ConfigError, expected_errors
+from sslbench.errors import expected_errors
 from sslbench.plan.backbones import check_backbones
+from sslbench.plan.paper import check_method_folders
 from sslbench.plan.runs import plan_runs, selected_methods
 from sslbench.plan.settings import config_sources, load_config
-from sslbench.plan.workflow import method_problems, preflight
+from sslbench.plan.workflow import leave_out_broken_methods, method_problems, preflight
 
 min_version("9.0")
 
@@ -36,19 +37,18 @@ with expected_errors("sslbench", print_traceback=True):
     config.update(load_config(BASE / "config", PRESETS, OVERRIDES))
     SOURCES = config_sources(BASE / "config", PRESETS, OVERRIDES)
     METHODS = selected_methods(config, METHODS_DIR)
-    # Broken method folders are caught here, before any training, and left out of the DAG. Unless
-    # --keep-going is given, the run then stops before its first job (onstart); with it, the other
-    # methods run and results/failures.csv names the broken ones.
+    # Broken method folders are caught here, before any training: the plan stops naming them (`snakemake
+    # -n` too), or with `broken_methods: leave_out` plans the others and says which were left out.
     # A folder found sound before with the same code is not imported again (no torch to plan).
     FAILED = method_problems(METHODS_DIR, METHODS, checked=".snakemake/sslbench/sound_methods.json")
-    FAILED_MESSAGE = "\n".join(f"  methods/{m}: {why}" for m, why in FAILED.items())
-    if FAILED:
-        print(f"sslbench: broken method folder(s):\n{FAILED_MESSAGE}", file=sys.stderr)
-        METHODS = [m for m in METHODS if m not in FAILED]
+    METHODS = [m for m in METHODS if m not in FAILED]
+    if workflow.is_main_process:  # a job's own snakemake process (a cluster's) plans on quietly
+        leave_out_broken_methods(FAILED, config["broken_methods"])
     # {(pretraining dataset, method label): the run's resolved settings}, each (pretraining dataset,
     # protocol)'s evaluation targets, the datasets they load; every value a run takes is checked here
     # (README "When something goes wrong"), errors naming the file (SOURCES) that set the key.
     PLAN = plan_runs(config, METHODS_DIR, METHODS, sources=SOURCES)
+    check_method_folders(METHODS_DIR, METHODS)  # paper.yaml (reported numbers) and README.md sections
     # Each run's backbone against the sizes it is given and the features it is read as (torch only when
     # a backbone's facts are not remembered in .snakemake/sslbench/backbones.json).
     check_backbones(PLAN, config, METHODS_DIR, SOURCES)
@@ -63,10 +63,6 @@ with expected_errors("sslbench", print_traceback=True):
 onstart:
     with expected_errors("sslbench", print_traceback=True):
         preflight(config, PLAN)  # unknown backbone, missing or truncated dataset files: before any job runs
-        # --keep-going is readable only from the execution settings: no public accessor
-        if FAILED and not workflow.execution_settings.keep_going:
-            raise ConfigError(f"broken method folder(s):\n{FAILED_MESSAGE}\nFix them, or run with "
-                              "--keep-going to run the other methods (results/failures.csv will name these).")
 
 
 onsuccess:

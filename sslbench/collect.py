@@ -143,7 +143,7 @@ def collect(
 
 
 def write_failures(path: str | Path, failed: dict[str, str]) -> Path:
-    """``results/failures.csv``: the method folders skipped (with --keep-going) and why."""
+    """``results/failures.csv``: the method folders left out as broken (broken_methods: leave_out) and why."""
     import pandas as pd
 
     frame = pd.DataFrame(sorted(failed.items()), columns=["method", "problem"])

@@ -2,7 +2,7 @@
 and the fine-tuning protocols, so that each is written once:
 
 - shuffled_batches:  one epoch's index batches in a random order
-- learning_rate:     the schedule (linear warm-up, then cosine to min_lr, x0.1 steps or constant) at a step
+- learning_rate:     the schedule (linear warm-up, then cosine to min_lr, steps (x0.1) or constant) at a step
 - set_learning_rate: every parameter group's lr at a step (its own base, or fixed)
 - weight_decay_at:   the weight-decay schedule (constant, or cosine to ``weight_decay_end``) at a step
 - set_weight_decay:  every decaying parameter group's weight decay at a step (called beside the lr's)
@@ -87,6 +87,7 @@ def batch_count(count: int, batch_size: int, min_size: int = 1) -> int:
 
 
 WARMUP_RAMPS = ("linear", "linspace")
+STEP_FACTOR = 0.1  # `train.step_factor` when absent: the step schedule's lr factor at each milestone
 
 
 def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
@@ -101,13 +102,13 @@ def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
 
 def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float | None = None) -> float:
     """Linear warm-up (``warmup_ramp``: see the module docstring), then cosine to zero (or to
-    ``min_lr``), x0.1 steps at milestones, or constant.
+    ``min_lr``), steps at milestones (x ``step_factor`` at each, default 0.1), or constant.
 
     ``schedule`` holds ``lr``, ``epochs``, ``schedule`` and optionally ``warmup_epochs`` (with
-    ``warmup_ramp``), ``milestones`` (the ``train`` section's keys) and ``min_lr``; ``base`` replaces
-    ``lr`` (a parameter group's own). The cosine ends at ``min_lr`` x base / lr: a group at x times the
-    lr ends at x times ``min_lr``, as MAE's util/lr_sched.py scales the whole curve by a group's
-    ``lr_scale``.
+    ``warmup_ramp``), ``milestones``, ``step_factor`` (the ``train`` section's keys) and ``min_lr``;
+    ``base`` replaces ``lr`` (a parameter group's own). The cosine ends at ``min_lr`` x base / lr: a
+    group at x times the lr ends at x times ``min_lr``, as MAE's util/lr_sched.py scales the whole
+    curve by a group's ``lr_scale``.
     """
     base = schedule["lr"] if base is None else base
     epoch = step / steps_per_epoch
@@ -128,7 +129,9 @@ def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float |
         floor = schedule.get("min_lr", 0.0) * base / schedule["lr"] if schedule["lr"] else 0.0
         return floor + (base - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     if kind == "step":
-        return base * 0.1 ** sum(epoch >= m for m in schedule.get("milestones", []))
+        # factor ** k, as before the setting (0.1 ** k at the default: the same float operations)
+        factor = schedule.get("step_factor", STEP_FACTOR)
+        return base * factor ** sum(epoch >= m for m in schedule.get("milestones", []))
     if kind == "constant":
         return base
     raise ConfigError(

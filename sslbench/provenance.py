@@ -23,20 +23,41 @@ PACKAGES = (
 )
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, repo: Path = REPO) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-@lru_cache(maxsize=1)
-def git_state() -> dict:
-    """The commit of the sslbench checkout and whether its tracked files differ from it."""
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": commit or "unknown", "git_dirty": bool(status) if status is not None else None}
+def untracked(files: tuple[Path, ...], repo: Path = REPO) -> list[str] | None:
+    """Those of ``files`` that the checkout ``repo`` does not track (untracked, ignored, or outside
+    it): what its commit cannot have; None if git cannot tell. One `git ls-files` of the files."""
+    inside, outside = [], []
+    for path in files:
+        try:
+            inside.append(Path(path).resolve().relative_to(repo).as_posix())
+        except ValueError:
+            outside.append(str(path))
+    if not inside:
+        return outside
+    tracked = _git("--literal-pathspecs", "ls-files", "-z", "--", *inside, repo=repo)
+    if tracked is None:
+        return None
+    return sorted(set(inside) - set(tracked.split("\0"))) + outside
+
+
+@lru_cache(maxsize=8)
+def git_state(files: tuple[Path, ...] = (), repo: Path = REPO) -> dict:
+    """The commit of the checkout ``repo`` (sslbench's) and whether the code differs from it: a tracked
+    file changed anywhere, or one of ``files`` (those a job read: ``code_files``) not in it, such as a
+    new method folder not yet added to git. None where git cannot tell (no checkout)."""
+    commit = _git("rev-parse", "HEAD", repo=repo)
+    status = _git("status", "--porcelain", "--untracked-files=no", repo=repo)
+    missing = untracked(files, repo) if status is not None else None
+    dirty = (bool(status) or bool(missing)) if missing is not None else None
+    return {"git_commit": commit or "unknown", "git_dirty": dirty}
 
 
 @lru_cache(maxsize=1)
@@ -68,11 +89,13 @@ def launch() -> str:
     return f"forked from warm server {server}" if server else "own process"
 
 
-def provenance(device) -> dict:
+def provenance(device, stage: str | None = None, method_dir: str | Path | None = None) -> dict:
+    """Where a job ran and from what code; given its ``stage`` (and method folder), `git_dirty` also
+    says whether a file the job read (``code_files``) is missing from the commit."""
     from sslbench.kernels import record
 
     return {
-        **git_state(),
+        **git_state(tuple(code_files(stage, method_dir)) if stage else ()),
         "versions": package_versions(),
         "device": device_name(device),
         "cpu_kernels": record(),
@@ -184,9 +207,15 @@ def code_record(
     """{file: sha256} of the project files a job of ``stage`` (prepare, pretrain, extract, evaluate) runs;
     keys are paths from the repository root (``sslbench/pretrain/trainer.py``, ``methods/moco/method.py``)."""
     folder = Path(method_dir).resolve() if method_dir is not None else None
+    return {record_key(p, folder): sha256_file(p) for p in code_files(stage, method_dir, protocol)}
+
+
+def code_files(stage: str, method_dir: str | Path | None = None, protocol: str | None = None) -> list[Path]:
+    """The project files a job of ``stage`` runs (those ``code_record`` records), as paths."""
+    folder = Path(method_dir).resolve() if method_dir is not None else None
     entries = STAGE_ENTRIES[stage] + ((f"evaluation.{protocol}",) if protocol else ())
     extra = tuple(method_files(folder)) if folder is not None else ()
-    return {record_key(p, folder): sha256_file(p) for p in import_closure(entries, extra)}
+    return import_closure(entries, extra)
 
 
 def code_digest(record: dict[str, str]) -> str:

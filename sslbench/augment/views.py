@@ -18,9 +18,19 @@ class CropGroup:
     config: ViewConfig
 
 
-def view_groups(augment: dict | list, image_size: int, num_views: int) -> list[CropGroup]:
+def check_augment(augment, image_size: int | None = None) -> None:
+    """Every key and value of a method's ``augment`` setting judged by the code that builds the job's
+    views (``view_groups``, which raises the same ConfigError in the job): the plan calls it on each
+    layer of a run's settings and on each run's merged setting. Without ``image_size`` (one layer of
+    settings, before the dataset is known) the crops' sides in pixels are not judged. How many views
+    the method takes is judged in the job (``check_view_groups``: the method's class says it)."""
+    view_groups(augment, image_size, 1)
+
+
+def view_groups(augment: dict | list, image_size: int | None, num_views: int) -> list[CropGroup]:
     """The views of a method's ``augment`` setting (the module docstring's three forms), in order;
-    consecutive groups of equal size and settings are merged (one call draws them all)."""
+    consecutive groups of equal size and settings are merged (one call draws them all). An
+    ``image_size`` of None (``check_augment``) leaves the crops' sides undrawn (None)."""
     if isinstance(augment, list):
         if not augment:
             raise ConfigError("`augment`: an empty list; give one view setting per view")
@@ -60,7 +70,7 @@ def crop_side(size: float, image_size: int) -> int:
     return int(size * image_size + 0.5)
 
 
-def _crop_group(crop, shared: dict, image_size: int, where: str) -> CropGroup:
+def _crop_group(crop, shared: dict, image_size: int | None, where: str) -> CropGroup:
     if not isinstance(crop, dict):
         raise ConfigError(f"`{where}` must be a mapping {{count, size, <view settings>}}, got {crop!r}")
     count, size = crop.get("count"), crop.get("size", 1.0)
@@ -70,8 +80,8 @@ def _crop_group(crop, shared: dict, image_size: int, where: str) -> CropGroup:
         raise ConfigError(
             f"`{where}.size` is the crop's side as a fraction of the image's, in (0, 1], got {size!r}"
         )
-    side = crop_side(size, image_size)
-    if side < 2:
+    side = None if image_size is None else crop_side(size, image_size)
+    if side is not None and side < 2:
         raise ConfigError(
             f"`{where}.size` = {size} gives {side} px on {image_size}-px images; a crop needs at least 2 px"
         )

@@ -95,8 +95,8 @@ def plan_runs(
     ``resolve_method_config``, then a variant's settings (``variants``, ``sweeps``) on top. With
     ``check_files``, an ``optional`` dataset whose files are absent is left out (``Plan.skipped`` says
     why and how to get it); a required one is checked by ``preflight`` before the first job. Every
-    value a run takes is checked here (``check_method_values``, ``check_subsets``); ``sources``
-    (``config_sources``) let an error name the file that set the key.
+    value a run takes is checked here (``check_method_values``, ``check_views``, ``check_subsets``);
+    ``sources`` (``config_sources``) let an error name the file that set the key.
     """
     from sslbench.datafiles import LAZY_DATASETS, missing_files
 
@@ -152,6 +152,7 @@ def plan_runs(
                     **resolve_method_config(config, methods_dir, method, variant, p),
                     "method": label,
                 }
+    check_views(config, methods_dir, runs, sources)
     floors = add_floors(config, methods_dir, runs, slugs, pretrain)
     released_entries = {
         name: entry
@@ -315,6 +316,23 @@ def check_subsets(datasets: dict[str, dict], sources: list[tuple[str, dict]]) ->
                     f"config key `{dotted([*key, split])}`{where}: "
                     f"{subset_too_large(section['name'], split, size, sizes[split])}"
                 )
+
+
+def check_views(
+    config: dict, methods_dir: str | Path, runs: dict, sources: Sequence[tuple[str, dict]]
+) -> None:
+    """Each run's views (its `augment`, merged from its layers) judged at its dataset's image size by the
+    job's own judge (``check_augment``): what no layer shows alone, a crop too small for the images.
+    Each layer's keys and values were judged as it was read (``check_layer``), naming its file."""
+    from sslbench.augment.views import check_augment
+    from sslbench.plan.backbones import key_source
+
+    for (dataset, label), run in sorted(runs.items()):
+        try:
+            check_augment(run["augment"], run["dataset"].get("image_size"))
+        except ConfigError as err:
+            where = key_source(run, ["augment"], config, methods_dir, sources)
+            raise ConfigError(f"{label} on {dataset}: {err}{where}") from None
 
 
 def train_images(section: dict) -> int | None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
+from sslbench.augment.views import check_augment
 from sslbench.errors import ConfigError
 from sslbench.plan.checks import (
     COMMAND_LINE,
@@ -146,10 +147,12 @@ def resolve_method_config(
     check_method_keys(variant or {}, own, method, method_file, "")
     merged = deep_merge(deep_merge(own, overrides), variant or {})
     train = deep_merge(config["train"], merged.pop("train", {}) or {})
-    unknown_train = sorted(set(train) - set(config["train"]))
+    # a training key the schema knows but default.yaml leaves absent (e.g. step_factor) may be set here too
+    known_train = set(config["train"]) | set(train_schema()["properties"])
+    unknown_train = sorted(set(train) - known_train)
     if unknown_train:
         raise ConfigError(
-            f"{method_file}: unknown key(s) {unknown_train} under `train`; known: {sorted(config['train'])}"
+            f"{method_file}: unknown key(s) {unknown_train} under `train`; known: {sorted(known_train)}"
         )
     augment = merged.pop("augment", {}) or {}
     backbone = deep_merge(config["backbone"], merged.pop("backbone", {}) or {})
@@ -208,10 +211,21 @@ def train_schema() -> dict:
 def method_rules(folder: Path) -> dict[str, tuple[dict, str]]:
     """{setting: (its JSON schema, where the schema comes from)} of a method folder: the type of the
     setting's value in config.yaml, under the keywords the folder's schema.yaml declares for it."""
+    if not (folder / "config.yaml").is_file():  # named as itself, not as a schema.yaml naming no setting
+        raise ConfigError(missing_config(folder))
     texts = tuple(
         p.read_text() if p.is_file() else "" for p in (folder / "config.yaml", folder / METHOD_SCHEMA_FILE)
     )
     return cached_method_rules(folder, *texts)
+
+
+def missing_config(folder: Path) -> str:
+    """What to say of a method folder without config.yaml."""
+    return (
+        f"{folder / 'config.yaml'}: missing. A method folder holds its settings there, with the paper's "
+        "values (`{}` for a method without any, as methods/random/config.yaml); copy "
+        "methods/_template/config.yaml to start."
+    )
 
 
 @cache
@@ -261,9 +275,16 @@ def check_method_values(
 def check_layer(settings: dict, folder: Path, set_at) -> None:
     """One layer of a method's settings (its config.yaml, an override, a variant): each training
     setting follows config/schema.yaml's `train`, each of the method's own the rule of
-    ``method_rules``. ``set_at(path)`` names where the key at ``path`` was set. Unknown keys are left
-    to ``resolve_method_config``, which lists the known ones."""
+    ``method_rules``, its views (`augment`) the job's own judge of them (``check_augment``; a whole
+    run's views are judged again at its image size by ``plan_runs``). ``set_at(path)`` names where
+    the key at ``path`` was set. Unknown keys are left to ``resolve_method_config``, which lists the
+    known ones."""
     rules = method_rules(folder)
+    if settings.get("augment") is not None:  # null is read as {} (the default views): nothing to judge
+        try:
+            check_augment(settings["augment"])
+        except ConfigError as err:
+            raise ConfigError(f"{set_at(['augment'])}: {err}") from None
     train = settings.get("train")
     if train is not None and not isinstance(train, dict):
         raise ConfigError(f"{set_at(['train'])}: {train!r} is not a mapping of training settings")

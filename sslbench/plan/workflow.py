@@ -1,10 +1,14 @@
 """What the Snakefile asks of sslbench beyond the plan: checks before the first job (``preflight``,
-``method_problems``), the code digest that decides reruns (``code_param``) and what each job asks of
-the scheduler (``job_requests``)."""
+``method_problems``, ``leave_out_broken_methods``), the code digest that decides reruns
+(``code_param``) and what each job asks of the scheduler (``job_requests``)."""
 
 from __future__ import annotations
 
+import ast
+import atexit
+import difflib
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -14,6 +18,7 @@ from sslbench.plan.checks import load_yaml
 from sslbench.plan.paper import paper_entries
 from sslbench.plan.paths import CODE_RECORD_FILES
 from sslbench.plan.runs import Plan, list_method_folders
+from sslbench.plan.settings import METHOD_SECTIONS, missing_config
 
 
 class JobRequest(NamedTuple):
@@ -100,9 +105,10 @@ def method_problems(
 ) -> dict[str, str]:
     """{method: what is wrong} for method folders that cannot run, checked before any training.
 
-    Looks at every folder under methods/ (or just ``names``): a missing method.py, a config.yaml
-    that does not parse, a paper.yaml with missing fields, and a method.py that fails to import, has no
-    Method subclass or lacks a required hook.
+    Looks at every folder under methods/ (or just ``names``): a missing method.py or config.yaml, a
+    config.yaml that does not parse, a paper.yaml with missing fields, a method.py that fails to import,
+    has no Method subclass or lacks a required hook, and a setting method.py reads that config.yaml
+    does not set (``unset_settings``). Every problem of a folder is said, each naming its file.
 
     ``checked``: a JSON file of the folders found sound before, each by the digest of what the check
     reads (the folder's files, every project module they import, its paper.yaml). A folder whose
@@ -136,18 +142,126 @@ def method_problems(
         if digest is not None and sound.get(name) == digest:
             continue
         remembered.pop(name, None)
-        from sslbench.plugins import PluginError, load_method_class  # imports torch: only when checking
-
-        try:
-            if (folder / "config.yaml").exists():
-                load_yaml(folder / "config.yaml")
-            if (folder / "paper.yaml").exists():
-                paper_entries(folder / "paper.yaml")
-            load_method_class(folder)
+        found = folder_problems(folder)
+        if found:
+            problems[name] = " ".join(found)
+        else:
             remembered[name] = digest
-        except (ConfigError, PluginError) as err:
-            problems[name] = str(err)
     if path is not None and remembered != sound:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic.write_text(path, json.dumps(remembered, indent=1, sort_keys=True))
     return problems
+
+
+def folder_problems(folder: Path) -> list[str]:
+    """What is wrong with one method folder (``method_problems``), each naming its file."""
+    from sslbench.plugins import PluginError, load_method_class  # imports torch: only when checking
+
+    found, own = [], None
+    try:
+        if not (folder / "config.yaml").is_file():
+            raise ConfigError(missing_config(folder))
+        own = load_yaml(folder / "config.yaml")
+    except ConfigError as err:
+        found.append(str(err))
+    try:
+        if (folder / "paper.yaml").exists():
+            paper_entries(folder / "paper.yaml")
+    except ConfigError as err:
+        found.append(str(err))
+    try:
+        load_method_class(folder)
+        if own is not None:  # what method.py reads, once it loads and config.yaml does
+            unset_settings(folder, own)
+    except (ConfigError, PluginError) as err:
+        found.append(str(err))
+    return found
+
+
+# A setting method.py reads that config.yaml does not set is a KeyError in the job. Requiring a
+# schema.yaml in every folder would not catch it: a newcomer's schema.yaml names the settings of the
+# config.yaml beside it (copied from it, typo included), never the names method.py reads, and folders
+# without settings (random, pixels) need none. What a newcomer expects is the name in method.py judged
+# against config.yaml, with or without a schema.yaml: so the plan reads method.py's subscripts of its
+# settings (its source, not run) and names each one config.yaml lacks.
+
+
+def settings_read(source: str) -> dict[str, int]:
+    """{setting: the line of its first read} of each setting a method.py reads by subscript from its
+    settings: ``cfg["params"]["x"]``, or ``p["x"]`` in a function where ``p = cfg["params"]`` (a
+    name bound to anything else there too is left alone; ``p.get("x", default)`` has a default)."""
+
+    def settings(node) -> bool:  # <anything>["params"]
+        return isinstance(node, ast.Subscript) and getattr(node.slice, "value", None) == "params"
+
+    read: dict[str, int] = {}
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        nodes = list(ast.walk(function))
+        bound = [
+            t.id
+            for n in nodes
+            if isinstance(n, ast.Assign) and settings(n.value)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        ]
+        stores = [n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        aliases = {name for name in bound if stores.count(name) == bound.count(name)}
+        for node in nodes:
+            key = getattr(node.slice, "value", None) if isinstance(node, ast.Subscript) else None
+            if not isinstance(key, str) or not isinstance(node.ctx, ast.Load):
+                continue
+            if settings(node.value) or (isinstance(node.value, ast.Name) and node.value.id in aliases):
+                read[key] = min(read.get(key, node.lineno), node.lineno)
+    return read
+
+
+def unset_settings(folder: Path, own: dict) -> None:
+    """A ConfigError naming each setting ``folder``'s method.py reads (``settings_read``) that its
+    config.yaml (``own``) does not set, with the line, the settings it does set and the fix."""
+    path = folder / "method.py"
+    known = sorted(k for k in own if k not in METHOD_SECTIONS)
+    missing = {k: line for k, line in settings_read(path.read_text()).items() if k not in known}
+    if not missing:
+        return
+    said = []
+    for key, line in sorted(missing.items(), key=lambda item: item[1]):
+        close = difflib.get_close_matches(key, known, n=1)
+        said.append(
+            f"{path}:{line} reads the setting {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        )
+    raise ConfigError(
+        f"{'; '.join(said)}, which {folder / 'config.yaml'} does not set (its settings: {known}). Give "
+        "each a value there (and its rule in schema.yaml), or fix the name in method.py."
+    )
+
+
+def broken_methods(failed: Mapping[str, str]) -> str:
+    """The broken method folders, one line each with what is wrong."""
+    return "\n".join(f"  methods/{m}: {why}" for m, why in sorted(failed.items()))
+
+
+def leave_out_broken_methods(failed: Mapping[str, str], setting: str) -> None:
+    """The plan's decision on the broken method folders ``failed`` ({method: what is wrong}, already left
+    out of the plan), by the ``broken_methods`` setting: ``stop`` raises a ConfigError naming each and
+    the fix; ``leave_out`` says which are left out now and again as the run's (or dry run's) last line,
+    at exit, after Snakemake's own output."""
+    if not failed:
+        return
+    if setting != "leave_out":
+        raise ConfigError(
+            f"broken method folder(s):\n{broken_methods(failed)}\nFix them, or plan and run the other "
+            "methods without them: --config broken_methods=leave_out (results/failures.csv will name these)."
+        )
+    names = ", ".join(f"methods/{m}" for m in sorted(failed))
+    print(
+        f"sslbench: broken method folder(s), left out (broken_methods: leave_out):\n{broken_methods(failed)}",
+        file=sys.stderr,
+    )
+    atexit.register(
+        print,
+        f"sslbench: left out (broken_methods: leave_out), broken: {names}; the problems are listed above. "
+        "Fix them and rerun to plan them.",
+        file=sys.stderr,
+    )

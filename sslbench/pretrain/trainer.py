@@ -406,7 +406,7 @@ class Trainer:
             ),
             "peak_gpu_memory_bytes": peak,
             "fast_paths": self.fast_paths(),
-            **provenance(self.device),
+            **provenance(self.device, "pretrain", self.method_dir),  # git_dirty: also its untracked files
             "code": code_record("pretrain", self.method_dir),  # the files this job ran, with their sha256
             "prepared_sha256": prepared_digest(self.prepared),  # the dataset file it trained on
         }

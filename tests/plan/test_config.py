@@ -47,6 +47,17 @@ def test_precedence_suite_then_method_then_override():
     assert resolved["train"]["epochs"] == 5
 
 
+def test_a_training_key_default_yaml_leaves_absent_may_be_set_for_one_method_but_a_typo_may_not():
+    """train.step_factor is in the schema, absent from default.yaml (so absent from other runs)."""
+    cfg = tiny_suite_config()
+    assert "step_factor" not in cfg["train"]
+    cfg["method_overrides"] = {"simclr": {"train": {"step_factor": 0.2}}}
+    assert resolve_method_config(cfg, METHODS_DIR, "simclr")["train"]["step_factor"] == 0.2
+    cfg["method_overrides"] = {"simclr": {"train": {"step_factr": 0.2}}}
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['step_factr'\] under `train`"):
+        resolve_method_config(cfg, METHODS_DIR, "simclr")
+
+
 def test_unknown_override_key_is_named():
     cfg = tiny_suite_config()
     cfg["method_overrides"] = {"simclr": {"temprature": 0.2}}

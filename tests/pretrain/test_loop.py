@@ -65,6 +65,32 @@ def test_each_parameter_group_follows_the_schedule_from_its_own_base():
     assert plain.param_groups[0]["lr"] == pytest.approx(0.03)
 
 
+def test_the_step_factor_multiplies_the_lr_at_each_milestone_and_absent_is_todays_tenth():
+    train = {"lr": 0.5, "epochs": 6, "schedule": "step", "milestones": [2, 4], "step_factor": 0.2}
+    lrs = [learning_rate(train, s, 5) for s in range(30)]  # 5 steps an epoch: milestones at steps 10, 20
+    # by hand: 0.5 up to step 9, 0.5 x 0.2 = 0.1 for steps 10-19, 0.5 x 0.2^2 = 0.5 x 0.04 = 0.02 from 20
+    assert lrs == pytest.approx([0.5] * 10 + [0.1] * 10 + [0.02] * 10, rel=1e-15)
+    # Absent, today's floats exactly: 0.1 ** k (k multiplications by 0.1 differ from k = 4 on)
+    default = {**train, "milestones": [1, 2, 3, 4]}
+    del default["step_factor"]
+    assert [learning_rate(default, 5 * e, 5) for e in range(5)] == [0.5 * 0.1**k for k in range(5)]
+    assert learning_rate(default, 20, 5) != 0.5 * 0.1 * 0.1 * 0.1 * 0.1
+
+
+def test_the_step_factor_is_checked_in_0_excluded_to_1_and_absent_from_the_default_runs():
+    config = load_config(REPO / "config")
+    assert "step_factor" not in config["train"]  # so that no finished run's settings change
+    assert "step_factor" not in resolve_method_config(config, METHODS_DIR, "instdisc")["train"]
+    for fine in (0.2, 1):
+        assert (
+            load_config(REPO / "config", overrides={"train": {"step_factor": fine}})["train"]["step_factor"]
+            == fine
+        )
+    for bad in (0, -0.1, 1.5, 10):
+        with pytest.raises(ConfigError, match="train.step_factor"):
+            load_config(REPO / "config", overrides={"train": {"step_factor": bad}})
+
+
 def test_check_finite_returns_the_loss_or_raises_with_the_callers_message():
     assert check_finite(torch.tensor(1.5), lambda v, e: "unused", 0) == 1.5
     for bad in (math.nan, math.inf, -math.inf):

@@ -196,6 +196,7 @@ def write_run(folder: Path, method: str, seed: int, offset: float, rng) -> None:
 def write_methods_and_presets(root: Path) -> tuple[Path, Path]:
     methods, config = root / "methods", root / "config"
     (methods / "alpha").mkdir(parents=True)
+    (methods / "alpha" / "config.yaml").write_text("{}\n")  # a method without settings
     (methods / "_template").mkdir()
     paper = {
         "results": [

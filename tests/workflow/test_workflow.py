@@ -166,7 +166,7 @@ def test_new_method_folder_runs_only_its_jobs_and_collect(workflow):
         shutil.rmtree(workflow / "methods" / "simclr_copy")
 
 
-def test_broken_method_folder_stops_before_training_or_is_skipped_with_keep_going(workflow):
+def test_broken_method_folder_stops_before_training_or_is_left_out_by_the_setting(workflow):
     broken = workflow / "methods" / "broken"
     broken.mkdir()
     (broken / "method.py").write_text("from sslbench import Method\nclass Broken(Method)\n    pass\n")
@@ -178,17 +178,19 @@ def test_broken_method_folder_stops_before_training_or_is_skipped_with_keep_goin
         out = snakemake(workflow, "--cores", "2")
         text = out.stdout + out.stderr
         assert out.returncode != 0
-        assert "methods/broken" in text and "syntax error" in text and "--keep-going" in text, text
+        assert "methods/broken" in text and "syntax error" in text, text
+        assert "broken_methods=leave_out" in text, text
         assert not (workflow / "results" / "digits" / "broken").exists()
         assert (workflow / "results" / "table.csv").read_bytes() == before  # nothing computed is touched
 
-        out = snakemake(workflow, "--cores", "2", "--keep-going")
+        out = snakemake(workflow, "--cores", "2", "--config", "broken_methods=leave_out")
         assert out.returncode == 0, out.stdout + out.stderr
         failures = pd.read_csv(workflow / "results" / "failures.csv")
         assert list(failures["method"]) == ["broken"] and "syntax error" in failures["problem"][0]
         table = pd.read_csv(workflow / "results" / "table.csv")
         assert set(table["method"]) == {"simclr", "random"}
-        out = snakemake(workflow, "--cores", "2", "--keep-going")  # the report names the broken folder
+        # the report names the broken folder
+        out = snakemake(workflow, "--cores", "2", "--config", "broken_methods=leave_out")
         assert out.returncode == 0, out.stdout + out.stderr
         assert "Failed (not run): broken:" in (workflow / "results" / "table.md").read_text()
         assert 'id="table-failures"' in (workflow / "results" / "report.html").read_text()
