@@ -16,7 +16,15 @@ from pathlib import Path
 from sslbench import kernels, warm
 from sslbench.errors import expected_errors
 
-WARM_COMMANDS = ("prepare", "pretrain", "import", "extract", "evaluate")  # the jobs (sslbench.warm)
+WARM_COMMANDS = (  # the jobs (sslbench.warm)
+    "prepare",
+    "pretrain",
+    "import",
+    "extract",
+    "evaluate",
+    "collect",
+    "report",
+)
 
 
 def json_argument(text: str):

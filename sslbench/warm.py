@@ -41,9 +41,13 @@ from sslbench.provenance import LAUNCHED_BY
 
 SWITCH, IDLE_VARIABLE, DIR_VARIABLE = "SSLBENCH_WARM", "SSLBENCH_WARM_IDLE", "SSLBENCH_WARM_DIR"
 # The slow imports of the jobs: torch, torchvision and timm (networks), scikit-learn (the low-shot SVMs,
-# the t-SNE maps, stratified subsets), scipy's optimiser (the linear probe), faiss (kNN, k-means).
+# the t-SNE maps, stratified subsets), scipy's optimiser (the linear probe), faiss (kNN, k-means), pandas
+# and matplotlib's Agg canvas (collect, the report: torch too, for the E-step clusters of checkpoints).
 PRELOADED = (
     "numpy",
+    "pandas",
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
     "torch",
     "torchvision",
     "timm",

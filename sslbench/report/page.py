@@ -300,7 +300,10 @@ def render_page(
         page.add(
             "Failed method folders",
             html_table(tables.failures, "table-failures")
-            + note("Skipped with --keep-going: fix these folders and rerun (results/failures.csv)."),
+            + note(
+                "Left out as broken (broken_methods: leave_out): fix these folders and rerun "
+                "(results/failures.csv)."
+            ),
         )
     page.add("Reproduced vs reported", reproduced_html(tables.reproduced))
     page.add("Paired comparisons", comparisons_html(tables))

@@ -422,6 +422,7 @@ MARGIN_COLUMNS = [
     "p_adjusted",
     "family_size",
     "verdict",
+    "seeds_under_floor_mean",
 ]
 ABOVE, NOT_RESOLVED, BELOW = "above its floor", "not resolved", "below its floor mean"
 # the leaderboard's mark of each verdict; the other verdicts are shown in words
@@ -481,6 +482,10 @@ def margins(table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
                         "role": run["role"],
                         "floor": run["floor"],
                         **welch_margin(seeds, floor_seeds),
+                        # a method above its floor on average may still fall under it on a seed
+                        "seeds_under_floor_mean": (
+                            int((seeds < floor_seeds.mean()).sum()) if len(floor_seeds) else math.nan
+                        ),
                     }
                 )
     out = pd.DataFrame(
@@ -527,6 +532,7 @@ LEADERBOARD_COLUMNS = [
     "p_adjusted",
     "family_size",
     "verdict",
+    "seeds_under_floor_mean",
     "no_floor",
     "backbone",
 ]
@@ -690,40 +696,50 @@ def read_paper_results(methods_dir: str | Path, methods: set[str] | None = None)
     return frame.rename(columns={"value": "reported", "epochs": "paper_epochs", "backbone": "paper_backbone"})
 
 
-def preset_settings(config_dir: str | Path, methods_dir: str | Path, method: str) -> list[dict]:
-    """(preset file, pretraining dataset, its evaluation targets per protocol, backbone, epochs) that
-    each config/*.yaml gives this method.
+def preset_settings(
+    config_dir: str | Path, methods_dir: str | Path, methods: list[str]
+) -> dict[str, list[dict]]:
+    """{method: [(preset file, pretraining dataset, its evaluation targets per protocol, backbone,
+    epochs)]} that each config/*.yaml gives each of ``methods``.
 
-    Each preset is loaded as the Snakefile loads it (config.load_config: merged over
-    config/default.yaml), and the method's own config.yaml may change its epochs, so the run's
-    settings are resolved.
+    Each preset is loaded once, as the Snakefile loads it (config.load_config: merged over
+    config/default.yaml), and planned once for all the methods (each method's own config.yaml may change
+    its epochs, so the runs' settings are resolved); a preset that cannot plan them together is planned
+    per method, and one that cannot run a method cannot reproduce its numbers.
     """
     config_dir = Path(config_dir)
-    out = []
+    out: dict[str, list[dict]] = {m: [] for m in methods}
     for path in sorted(config_dir.glob("*.yaml")):
         if path.name == SCHEMA_FILE:
             continue
         # Only read for its datasets, backbone and epochs: not checked against the schema here.
         cfg = load_config(config_dir, [] if path.name == DEFAULT_FILE else [path], validate=False)
         try:
-            plan = plan_runs(cfg, methods_dir, [method], check_files=False)
+            plans = [plan_runs(cfg, methods_dir, list(methods), check_files=False)]
         except (ConfigError, KeyError):
-            continue  # a preset that cannot run this method cannot reproduce its numbers
-        out += [
-            {
-                "preset": f"{config_dir.name}/{path.name}",
-                "pretrain_dataset": pretrain,
-                "targets": {
-                    protocol: plan.targets[pretrain, protocol]
-                    for protocol in cfg["protocols"]
-                    if plan.evaluates(protocol, pretrain, label)
-                },
-                "backbone": resolved["backbone"].get("name"),
-                "epochs": resolved["train"].get("epochs"),
-            }
-            for (pretrain, label), resolved in plan.runs.items()
-            if resolved["method_base"] == method and "released" not in resolved  # a named recipe too
-        ]
+            plans = []
+            for method in methods:
+                try:
+                    plans.append(plan_runs(cfg, methods_dir, [method], check_files=False))
+                except (ConfigError, KeyError):
+                    continue
+        for plan in plans:
+            for (pretrain, label), resolved in plan.runs.items():
+                if resolved["method_base"] not in out or "released" in resolved:  # a named recipe too
+                    continue
+                out[resolved["method_base"]].append(
+                    {
+                        "preset": f"{config_dir.name}/{path.name}",
+                        "pretrain_dataset": pretrain,
+                        "targets": {
+                            protocol: plan.targets[pretrain, protocol]
+                            for protocol in cfg["protocols"]
+                            if plan.evaluates(protocol, pretrain, label)
+                        },
+                        "backbone": resolved["backbone"].get("name"),
+                        "epochs": resolved["train"].get("epochs"),
+                    }
+                )
     return out
 
 
@@ -781,9 +797,9 @@ def reproduced_vs_reported(
     ``reproduce`` names the preset that would produce one.
     """
     table = check_table(table)
-    # the method folders this table has results of: a folder skipped as broken (--keep-going) is not read
+    # the method folders this table has results of: a folder left out as broken (broken_methods) is not read
     paper = read_paper_results(methods_dir, set(table["method_base" if "method_base" in table else "method"]))
-    rows = []
+    rows, presets = [], None
     released_runs = table["released_name"].fillna("").astype(str) != "" if "released_name" in table else None
     for _, entry in paper.iterrows():
         same = (
@@ -819,12 +835,14 @@ def reproduced_vs_reported(
                 reproduce="",
             )
         else:
+            if presets is None:  # every preset planned once, for every method with a paper.yaml here
+                presets = preset_settings(config_dir, methods_dir, sorted(set(paper["method"])))
             row.update(
                 ours=math.nan,
                 std=math.nan,
                 n=0,
                 gap=math.nan,
-                reproduce=reproduce_hint(entry, preset_settings(config_dir, methods_dir, entry["method"])),
+                reproduce=reproduce_hint(entry, presets[entry["method"]]),
             )
         rows.append(row)
     columns = [

@@ -241,12 +241,12 @@ def write_tables(tables: Tables, out_dir: Path) -> None:
         markdown += f"\n### {matrix.title}\n\n{markdown_table(cells, matrix.best)}\n{notes}\n"
     if any(tables.stale(pair) for pair in tables.pairs):
         markdown += f"\n{STALE_NOTE}\n"
-    if len(tables.failures):  # method folders skipped with --keep-going: never silently absent
+    if len(tables.failures):  # broken method folders left out (broken_methods): never silently absent
         markdown += "\n\nFailed (not run): " + "; ".join(f"{m}: {why}" for m, why in tables.failures.values)
     atomic.write_text(out_dir / "table.md", markdown)
 
 
-HEADLINE_HEADING = "## Headline tables\n\n"  # where the leaderboards end in table.md
+HEADLINE_HEADING = "\n## Headline tables\n\n"  # where the leaderboards end in table.md
 
 
 def leaderboards_markdown(boards: list[Leaderboard], table: pd.DataFrame) -> str:
@@ -316,6 +316,10 @@ def leaderboard_display(board: Leaderboard, stale: set[str] = frozenset()) -> pd
                 margin_text(*v) for v in zip(rows["margin"], rows["ci_low"], rows["ci_high"])
             ],
             "above its floor": [MARKS.get(v, v) or MISSING for v in rows["verdict"]],
+            "seeds under its floor's mean": [
+                f"{int(u)} of {int(n)}" if math.isfinite(u) and r == "learned" else MISSING
+                for u, n, r in zip(rows["seeds_under_floor_mean"].astype(float), rows["n"], rows["role"])
+            ],
         }
     )
 
@@ -349,7 +353,9 @@ def leaderboard_notes(board: Leaderboard) -> list[str]:
         "method marked ·, ✗ or n < 2 is not claimed to learn anything at this budget, whatever the sign "
         "of its margin.",
         f"Seeds: learned methods n = {seed_counts(learned['n'])}; floors n = {seed_counts(floors['n'])}. "
-        "n < 2: one seed on a side, so no interval and no test.",
+        "n < 2: one seed on a side, so no interval and no test. Seeds under its floor's mean: how many of "
+        "the method's seeds fall under its floor's mean, each on its own; a method above its floor on "
+        "average may still lose to it on one seed.",
     ]
     verdicts = set(rows["verdict"])
     if verdicts & {"no floor", "floor not evaluated"}:

@@ -39,6 +39,7 @@ from sslbench.report.stats import (
     summarise,
     welch_margin,
 )
+from sslbench.report.tables import leaderboard_display
 
 T975 = {2: 4.302652729911275, 4: 2.7764451051977987}  # Student t 0.975 quantiles (tables)
 
@@ -776,7 +777,8 @@ def test_a_named_variant_with_the_papers_settings_stands_beside_its_number(dirs)
 
 
 def test_paper_yaml_of_a_method_without_results_is_not_read(dirs):
-    """A broken folder skipped with --keep-going has no rows: its paper.yaml cannot stop the report."""
+    """A broken folder left out of the plan (broken_methods: leave_out) has no rows: its paper.yaml
+    cannot stop the report."""
     methods, config = dirs
     (methods / "broken").mkdir()
     (methods / "broken" / "paper.yaml").write_text(yaml.safe_dump({"results": [{"value": 1}]}))
@@ -798,3 +800,16 @@ def test_every_paper_yaml_knn_row_names_a_metric_some_preset_computes():
     knn = paper[paper["protocol"] == "knn"]
     assert {"moco", "dino", "instdisc"} <= set(knn["method"])
     assert set(knn["metric"]) <= written, knn[~knn["metric"].isin(written)][["method", "metric"]]
+
+
+def test_seeds_under_the_floor_mean_are_counted_seed_by_seed_against_the_floor_s_mean():
+    """Floor 0.50, 0.60, 0.70 (mean 0.60): of a's 0.55, 0.60, 0.65, 0.90 only 0.55 is under it (0.60 is
+    not), though a's mean margin is +0.075."""
+    floor = [0.50, 0.60, 0.70]
+    seeds = [0.55, 0.60, 0.65, 0.90]
+    table = backbone_table({"random": ("random", RESNET, floor), "a": ("a", RESNET, seeds)})
+    row = margins(table).set_index("method").loc["a"]
+    assert row["seeds_under_floor_mean"] == 1 and math.isclose(row["margin"], 0.075)
+    board = leaderboard(summarise(table), margins(table), run_floors(table), ("digits", "digits"))
+    shown = leaderboard_display(board)
+    assert dict(zip(shown["method"], shown["seeds under its floor's mean"])) == {"a": "1 of 4", "random": "—"}
