@@ -1,6 +1,6 @@
 """Each learned method's kNN margin over its own backbone's floor, on many seeds: what margins.md reports.
 
-    python benchmarks/margins.py results/table.csv [--seeds 0-9] [--protocol knn --metric top1_k200]
+    python benchmarks/margins.py results/table.csv [--seeds 0-9] [--base-runs-only] [--metric top1_k200_t0.1]
 
 Reads a table of `config/margins.yaml` (or any table with the floors' seeds). Per learned method (and
 `supervised`, a reference): its mean over the chosen seeds, the margin over its floor's mean over all the
@@ -68,13 +68,18 @@ def main() -> None:
     parser.add_argument("table")
     parser.add_argument("--seeds", default="0-9", help="the learned methods' seeds, e.g. 0-9 or 10-19")
     parser.add_argument("--protocol", default="knn")
-    parser.add_argument("--metric", default="top1_k200")
+    parser.add_argument("--metric", default="top1_k200_t0.1")
     parser.add_argument("--eval-dataset", default=None, help="default: each run's pretraining dataset")
+    parser.add_argument(
+        "--base-runs-only", action="store_true", help="leave out the variants of learned methods (moco[...])"
+    )
     args = parser.parse_args()
     table = pd.read_csv(args.table)
     table = table[(table["protocol"] == args.protocol) & (table["metric"] == args.metric)]
     target = args.eval_dataset
     table = table[table["eval_dataset"] == (target or table["pretrain_dataset"])]
+    if args.base_runs_only:  # a floor of another backbone is a variant of random, and stays
+        table = table[(table["method"] == table["method_base"]) | (table["method_base"] == "random")]
     rows = margin_rows(table, seed_range(args.seeds))
     floors = table[table["method"].isin(rows["floor"])].groupby("method")["value"]
     print(f"floors ({args.protocol} {args.metric}):")
