@@ -71,6 +71,7 @@ def finished(tmp_path_factory):
     (root / "methods" / "flaky").mkdir()
     (root / "methods" / "flaky" / "method.py").write_text(FLAKY)
     (root / "methods" / "flaky" / "config.yaml").write_text("fail: false\naugment: {preset: mocov2}\n")
+    (root / "methods" / "flaky" / "README.md").write_text("# Flaky\n\n## Implemented\n\n## Deviations\n")
     cfg = tiny_suite_config(epochs=1)
     cfg.update(methods=["simclr", "mae", "flaky"], protocols=["knn"])
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
