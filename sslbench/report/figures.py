@@ -132,7 +132,8 @@ def ablation_figure(setting: str, rows: pd.DataFrame):
             else:
                 x = pd.to_numeric(line["value"]).to_numpy()
             errors = (100 * line["ci95"]).fillna(0.0).to_numpy()
-            style = {"color": colours[base], "label": base, "marker": "o", "capsize": 3}
+            marker = method_marker(colours, base)
+            style = {"color": colours[base], "label": base, "marker": marker, "capsize": 3}
             ax.errorbar(x, 100 * line["mean"], yerr=errors, linestyle="none" if categorical else "-", **style)
         if categorical:
             ax.set_xticks(range(len(values)), values, rotation=20, ha="right")
@@ -150,11 +151,24 @@ def ablation_figure(setting: str, rows: pd.DataFrame):
     return fig
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")  # beside the colour: a line's method, also in grey print
+
+
 def method_colours(methods: list[str]) -> dict[str, tuple]:
+    """A colour per method (in sorted order), distinct for up to 40 methods: tab10, then tab20's light
+    tones of those ten, then tab20b's twenty; past 40 they repeat, and ``method_marker`` tells them apart."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
-    return {m: cmap(i % 10) for i, m in enumerate(sorted(methods))}
+    palette = [*colormaps["tab10"].colors, *colormaps["tab20"].colors[1::2], *colormaps["tab20b"].colors]
+    return {m: palette[i % len(palette)] for i, m in enumerate(sorted(methods))}
+
+
+def method_marker(colours: dict[str, tuple], method: str) -> str:
+    """The marker of ``method`` among the methods of ``colours`` (its index i in their order): marker
+    (i + i // 40) mod 8, so methods 40k apart, which share a colour, differ in marker unless k is a
+    multiple of 8: no two of the first 320 methods share both."""
+    i = list(colours).index(method)
+    return MARKERS[(i + i // 40) % len(MARKERS)]
 
 
 def new_figure(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3):
@@ -216,7 +230,9 @@ def lowshot_curves(table: pd.DataFrame, dataset: str, colours: dict):
         mean = data[data["stat"] == "mean"].groupby("k")["value"].mean()
         low = data[data["stat"] == "min"].groupby("k")["value"].min().reindex(mean.index)
         high = data[data["stat"] == "max"].groupby("k")["value"].max().reindex(mean.index)
-        ax.plot(mean.index, 100 * mean, marker="o", color=colours[method], label=method)
+        ax.plot(
+            mean.index, 100 * mean, marker=method_marker(colours, method), color=colours[method], label=method
+        )
         if low.notna().all() and high.notna().all():
             ax.fill_between(mean.index, 100 * low, 100 * high, color=colours[method], alpha=0.15)
     ks = sorted(rows["k"].unique())
@@ -241,7 +257,8 @@ def training_curves(runs: list[Run], dataset: str, colours: dict):
     fig, axes = new_figure(2, width=5.5, height=3.6, columns=2)
     for method, data in logs.groupby("method", sort=True):
         mean = data.groupby("epoch")[["loss", "images_per_s"]].mean()
-        style = {"color": colours[method], "label": method, "marker": "o", "markersize": 3}  # 1 epoch: a dot
+        marker = method_marker(colours, method)  # with 1 epoch: a dot
+        style = {"color": colours[method], "label": method, "marker": marker, "markersize": 3}
         axes[0].plot(mean.index, mean["loss"], **style)
         axes[1].plot(mean.index, mean["images_per_s"], **style)
     for ax, label in zip(axes, ("training loss", "images/s")):

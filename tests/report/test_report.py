@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from matplotlib import colormaps
 from matplotlib import image as mpimg
 from scipy import stats as scipy_stats
 from support import REPO, require
@@ -30,6 +31,8 @@ from sslbench.report.figures import (
     ablation_figure,
     kmeans_sizes,
     kmeans_title,
+    method_colours,
+    method_marker,
     read_clustering_side_file,
     sorted_sizes,
 )
@@ -1208,3 +1211,14 @@ def test_a_finished_run_prints_the_leaderboard_where_the_report_is_as_new_as_the
     os.utime(results / "table.csv", (1e10, 1e10))  # a table newer than its report
     assert "writes the report" in finished_message(results)
     assert finished_message(tmp_path / "nothing") == ""
+
+
+def test_forty_methods_get_forty_colours_and_no_two_of_320_share_colour_and_marker():
+    names = [f"m{i:03d}" for i in range(320)]
+    colours = method_colours(names[:40])
+    assert len(set(colours.values())) == 40
+    colours = method_colours(names)
+    styles = {(colours[m], method_marker(colours, m)) for m in names}
+    assert len(styles) == 320
+    first = method_colours(names[:10])  # a table of ten methods keeps tab10's colours
+    assert [first[m] for m in names[:10]] == list(colormaps["tab10"].colors)
