@@ -101,17 +101,9 @@ def run_sizes(plan, dataset: str, run: dict) -> tuple[list[int], list[int]] | No
     image_size = run["dataset"].get("image_size")
     if image_size is None:
         return None
-    if "released" in run:
-        train = []
-    else:
-        try:
-            train = sorted({group.size for group in view_groups(run["augment"] or {}, image_size, 1)})
-        except ConfigError as err:
-            name = run["method_base"]
-            raise ConfigError(
-                f"{run['method']} on {dataset}: {err} (set in methods/{name}/config.yaml or "
-                f"method_overrides.{name}.augment)"
-            ) from None
+    train = []  # a released run trains nothing; the others' views were judged by plan_runs (check_views)
+    if "released" not in run:
+        train = sorted({group.size for group in view_groups(run["augment"] or {}, image_size, 1)})
     targets = {t for (p, _), labels in plan.targets.items() if p == dataset for t in labels}
     sizes = {plan.datasets[t].get("image_size") for t in targets} | {image_size}
     return train, sorted(s for s in sizes if s is not None)
