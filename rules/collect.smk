@@ -1,6 +1,6 @@
 # collect: every result the plan asks for, in one table (results/failures.csv names the broken method
 # folders left out of the DAG).
-from sslbench.provenance import code_digest, tree_record
+from sslbench.provenance import tree_record
 
 
 rule collect:

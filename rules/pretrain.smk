@@ -1,5 +1,6 @@
 # pretrain: one run per (pretraining dataset, method label, seed), which also writes the features of its
 # own dataset (extract does the other targets'). A released run imports its file instead of training.
+from sslbench.provenance import code_digest, method_record
 
 IMPORTED = sorted({PLAN.slugs[label] for (_, label), run in PLAN.runs.items() if "released" in run})
 TRAINED = sorted(set(PLAN.slugs.values()) - set(IMPORTED))
@@ -10,10 +11,11 @@ def method_config(wildcards):
     return json.dumps(run_settings(wildcards), sort_keys=True)
 
 
-def method_sources(wildcards):
-    """A method's code and config are inputs: editing them reruns that method's jobs."""
-    folder = method_dir(wildcards)
-    return [str(p) for p in (folder / "method.py", folder / "config.yaml") if p.exists()]
+def method_code(wildcards):
+    """A digest of the method folder's code and config.yaml: a param, not inputs, so that editing them
+    reruns that method's jobs while a clone with the same files and a copied results/ reruns nothing
+    (inputs are judged by file dates, which a clone or a copy resets)."""
+    return code_digest(method_record(method_dir(wildcards)))
 
 
 def launcher(wildcards, resources):
@@ -27,7 +29,6 @@ rule pretrain:
     wildcard_constraints:
         method="|".join(map(re.escape, TRAINED)) or "(?!)",
     input:
-        sources=method_sources,
         prepared=lambda wc: prepared(wc.pretrain),
     # update(): Snakemake keeps a finished run's files in place while the job runs (a copy goes to
     # .snakemake/backups/) and puts them back if it fails, instead of deleting them before it starts.
@@ -38,6 +39,7 @@ rule pretrain:
         features=update(RUN_DIR + "/features/{pretrain}.npz"),
     params:
         cfg=method_config,
+        method_code=method_code,
         method_dir=lambda wc: str(method_dir(wc)),
         run_dir=lambda wc, output: str(Path(output.checkpoint).parent),
         launcher=launcher,

@@ -129,6 +129,7 @@ def cmd_collect(args) -> None:
 
 def cmd_status(args) -> None:
     from sslbench.collect import prepared_states, refresh_command, result_states
+    from sslbench.plan.dryrun import RESULT_RULES, planned_jobs, planned_lines
     from sslbench.plan.runs import plan_runs, selected_methods
     from sslbench.plan.settings import config_sources, load_config
     from sslbench.plan.workflow import method_problems
@@ -141,25 +142,28 @@ def cmd_status(args) -> None:
     for label, why in {**plan.skipped, **{f"methods/{m}": p for m, p in broken.items()}}.items():
         print(f"left out: {label}: {why}")
     expected = plan.result_files(config["seeds"])
-    states = result_states(expected, args.methods)
-    for kind, say in (("stale", "computed by code that has changed since"), ("unreadable", "")):
+    jobs = planned_jobs(args.configfile)
+    print("\n".join(planned_lines(jobs, refresh_command([], args.configfile))))
+    planned = {job.output for job in jobs}
+    # what the results' code records say beyond the plan: a code change the plan does not rerun for
+    # (rerun_on_code_change off), a result it cannot read
+    states = [s for s in result_states(expected, args.methods) if s.state != "missing"]
+    states = [s for s in states if s.path not in planned]
+    kept = "computed by code that has changed since; the plan keeps them"
+    for kind, say in (("stale", kept), ("unreadable", "")):
         chosen = [s for s in states if s.state == kind]
         if chosen:
             print(f"{kind} ({len(chosen)} of {len(expected)} results){': ' + say if say else ''}")
         for state in chosen:
             why = "; ".join(f"{stage}: {' '.join(files)}" for stage, files in state.changed.items())
             print(f"  {state.path}" + (f"  ({why})" if why else ""))
-    missing = [s for s in states if s.state == "missing"]
-    if missing:
-        print(f"missing ({len(missing)} of {len(expected)} results):")
-        print("".join(f"  {s.path}\n" for s in missing), end="")
     prepared = prepared_states(plan.prepared.values(), args.methods)
     for state in prepared:
         why = f"  (prepare: {' '.join(state.changed['prepare'])})" if state.changed else ""
         print(f"{state.state} prepared dataset file, rebuilt first: {state.path}{why}")
     if states or prepared:
         print(f"To refresh them: {refresh_command(states + prepared, args.configfile)}")
-    else:
+    if not states and not any(job.rule in RESULT_RULES for job in jobs):
         print(f"All {len(expected)} results are up to date with the code.")
 
 

@@ -222,6 +222,10 @@ def refresh_command(states: list[ResultState], config_files: list[str]) -> str:
     command = ["snakemake", "--cores", "all"]
     if config_files:
         command += ["--configfile", *config_files]
+    if any(s.state == "stale" for s in states):
+        # The code params then take each job's code now: a forced job records what it ran, and the
+        # next plain plan finds the param it last stored (the code record the job wrote), not the old one.
+        command += ["--config", "rerun_on_code_change=True"]
     reruns = sorted({s.rerun for s in states if s.rerun})
     if reruns:
         command += ["--forcerun", *reruns]  # last: it takes every argument after it

@@ -250,8 +250,11 @@ def tree_record(methods_dir: str | Path) -> dict[str, str]:
     files = [p for package in PROJECT_PACKAGES for p in sorted((REPO / package).rglob("*.py"))]
     record = {p.relative_to(REPO).as_posix(): current_sha256(p, p.stat().st_mtime_ns) for p in files}
     for folder in sorted(p for p in Path(methods_dir).iterdir() if p.is_dir()):
-        folder = folder.resolve()
-        record |= {
-            record_key(p, folder): current_sha256(p, p.stat().st_mtime_ns) for p in method_files(folder)
-        }
+        record |= method_record(folder)
     return record
+
+
+def method_record(method_dir: str | Path) -> dict[str, str]:
+    """{file: sha256} of one method folder's files (its code and config.yaml)."""
+    folder = Path(method_dir).resolve()
+    return {record_key(p, folder): current_sha256(p, p.stat().st_mtime_ns) for p in method_files(folder)}

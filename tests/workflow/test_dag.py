@@ -203,8 +203,12 @@ def test_status_lists_the_stale_results_and_the_command_that_refreshes_them(grid
     ], status
     assert "evaluate: evaluation/knn.py" in status and "missing" not in status
     command = shlex.split(re.search(r"^To refresh them: (.+)$", status, re.M)[1])
-    assert command[:6] == ["snakemake", "--cores", "all", "--configfile", "a.yaml", "--forcerun"]
-    assert sorted(command[6:]) == sorted(listed)
+    assert command[:6] == ["snakemake", "--cores", "all", "--configfile", "a.yaml", "--config"]
+    assert command[6:8] == ["rerun_on_code_change=True", "--forcerun"]
+    assert sorted(command[8:]) == sorted(listed)
+    # the refresh leaves a plan that runs nothing: its forced jobs stored the code param a plain plan
+    # computes from what they recorded
+    assert "The plan runs nothing" in grid["status_after"], grid["status_after"]
     assert "All 6 results are up to date with the code." in grid["status_after"], grid["status_after"]
     refreshed = table(grid["root"])
     assert not refreshed.loc[refreshed["pretrain_dataset"] == "digits6", "stale"].any()

@@ -5,6 +5,7 @@ reuses them without training."""
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +207,60 @@ def test_a_configfile_that_is_no_mapping_changes_nothing_and_status_names_it(fin
     assert status.returncode == 1
     assert f"{bad}: expected a mapping of keys to values at the top level" in status.stderr, status.stderr
     assert "Traceback" not in status.stderr
+
+
+def status(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sslbench.cli", "status", "--configfile", str(root / "tiny.yaml")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_results_copied_into_a_fresh_clone_plan_nothing(finished, tmp_path):
+    """A clone has fresh file dates and no .snakemake/; results/ copied with its dates (`cp -a`): the same
+    code and settings rerun nothing, and status agrees with the plan."""
+    import shutil
+
+    clone = tmp_path / "clone"
+    shutil.copytree(finished, clone, ignore=shutil.ignore_patterns(".snakemake", "results"))
+    later = (finished / "results" / "table.csv").stat().st_mtime + 3600
+    for path in clone.rglob("*"):
+        os.utime(path, (later, later))  # every workflow file newer than every result, as in a clone
+    shutil.copytree(finished / "results", clone / "results")  # copy2 keeps the dates, like cp -a
+
+    run = snakemake(clone, "-n", "results/table.csv")
+    assert run.returncode == 0 and "Nothing to be done" in run.stdout + run.stderr, run.stdout + run.stderr
+    said = status(clone)
+    assert said.returncode == 0, said.stderr
+    # the fixture stopped at table.csv: the report alone is to make
+    assert said.stdout.splitlines()[1:] == [
+        "  - report results/report.html: missing",
+        "All 3 results are up to date with the code.",
+    ], said.stdout
+
+    # an edit after the copy: no record of the last run's settings here, so the plan keeps the result
+    # and status names it, with the command that reruns it
+    with open(clone / "methods" / "flaky" / "method.py", "a") as f:
+        f.write("# an edit after the copy\n")
+    said = status(clone).stdout
+    assert "results/digits/flaky/seed0/eval/digits/knn.json  (pretrain: methods/flaky/method.py" in said, said
+    assert "--forcerun results/digits/flaky/seed0/checkpoint.pt" in said, said
+
+
+def test_an_edit_to_a_method_reruns_its_jobs_and_status_says_why(finished):
+    method = finished / "methods" / "flaky" / "method.py"
+    source = method.read_text()
+    try:
+        method.write_text(source + "# an edit to the method\n")
+        run = snakemake(finished, "-n", "results/table.csv")
+        plan = run.stdout + run.stderr
+        assert run.returncode == 0 and "Params have changed" in plan, plan
+        assert set(re.findall(r"^pretrain +(\d+)$", plan, re.M)) == {"1"}, plan  # job stats, printed twice
+        said = status(finished).stdout
+        assert "  - pretrain results/digits/flaky/seed0/" in said, said
+        assert "its settings or its method folder's code changed" in said, said
+        assert "  - evaluate: 1 jobs, as an input is rewritten first" in said, said
+    finally:
+        method.write_text(source)
