@@ -788,3 +788,26 @@ def test_policy_views_keep_dtype_range_and_normalisation(policy, channels):
     mean, std = [0.3] * channels, [0.2] * channels
     normalised_view = policy_augment(policy, channels, preset="supcon", stats=(mean, std))(images, seeded(3))
     torch.testing.assert_close(normalised_view, (raw - 0.3) / 0.2)
+
+
+def test_the_readme_lists_every_preset_with_its_crop_and_blur():
+    """sslbench/augment/README.md's table of presets is the list a method author reads: every preset of
+    VIEW_PRESETS, no other, and the crop scale and blur each row states are the preset's."""
+    import re
+    from pathlib import Path
+
+    from sslbench.augment.presets import VIEW_PRESETS
+
+    readme = (Path(__file__).parents[2] / "sslbench" / "augment" / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+) \|$", readme, re.M))
+    assert sorted(rows) == sorted(VIEW_PRESETS)
+    for name, recipe in rows.items():
+        preset = VIEW_PRESETS[name]
+        crop = re.search(r"crop \(([\d.]+), ([\d.]+)\)", recipe)
+        if crop:
+            assert preset.crop_scale == (float(crop[1]), float(crop[2])), name
+        blur = re.search(r"blur p ([\d.]+)", recipe)
+        if blur:
+            assert preset.blur_p == float(blur[1]), name
+        if "no blur" in recipe or name == "none":
+            assert preset.blur_p == 0.0, name

@@ -53,35 +53,42 @@ def tensors(path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module", params=list(BACKBONES))
 def runs(request, tmp_path_factory):
-    """{method: (uninterrupted run's folder, resumed run's folder)} on each backbone: 2 epochs straight,
-    and epoch 2 resumed from the uninterrupted run's epoch-1 checkpoint by a fresh Trainer. A method
-    whose runs raise gets its error instead, so that it fails its own tests and no other method's."""
+    """On each backbone, a function of a method: its runs' folders (2 epochs straight, and epoch 2 resumed
+    from the uninterrupted run's epoch-1 checkpoint by a fresh Trainer), trained when a test first asks,
+    so that `-k my_method` trains that folder alone. A method whose runs raise gets its error instead,
+    so that it fails its own tests and no other method's."""
     root = tmp_path_factory.mktemp(f"contract_{request.param}")
     done = {}
-    for name, folder in FOLDERS.items():
+
+    def train(name):
         cfg = contract_config(name, BACKBONES[request.param])
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter(
-                    "ignore"
-                )  # MoCo's and PCL's queue shrinks on the digits, with a warning
-                pretrain(folder, cfg, 0, root / name / "full", progress=False)
-                resumed = root / name / "resumed"
-                (resumed / "checkpoints").mkdir(parents=True)
-                epoch_1 = root / name / "full" / "checkpoints" / "epoch_0001.pt"
-                if epoch_1.exists():  # the untrained floor has no epochs
-                    shutil.copy(epoch_1, resumed / "checkpoints")
-                pretrain(folder, cfg, 0, resumed, progress=False)
-            done[name] = (root / name / "full", resumed)
-        except Exception as err:  # reported by the method's own tests
-            done[name] = err
-    return done
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # MoCo's and PCL's queue shrinks on the digits, with a warning
+            pretrain(FOLDERS[name], cfg, 0, root / name / "full", progress=False)
+            resumed = root / name / "resumed"
+            (resumed / "checkpoints").mkdir(parents=True)
+            epoch_1 = root / name / "full" / "checkpoints" / "epoch_0001.pt"
+            if epoch_1.exists():  # the untrained floor has no epochs
+                shutil.copy(epoch_1, resumed / "checkpoints")
+            pretrain(FOLDERS[name], cfg, 0, resumed, progress=False)
+        return root / name / "full", resumed
+
+    def trained(name):
+        if name not in done:
+            try:
+                done[name] = train(name)
+            except Exception as err:  # reported by the method's own tests
+                done[name] = err
+        return done[name]
+
+    return trained
 
 
 def run_folders(runs, name):
-    if isinstance(runs[name], Exception):
-        pytest.fail(f"{name}: training raised {type(runs[name]).__name__}: {runs[name]}")
-    return runs[name]
+    folders = runs(name)
+    if isinstance(folders, Exception):
+        pytest.fail(f"{name}: training raised {type(folders).__name__}: {folders}")
+    return folders
 
 
 @pytest.mark.parametrize("name", FOLDERS)

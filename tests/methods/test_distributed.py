@@ -127,20 +127,26 @@ def contract_record(case: str, out_dir: Path) -> dict:
     return record
 
 
-def ddp_main(out_dir: str) -> None:
+def ddp_main(out_dir: str, cases: list[str]) -> None:
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
     out = Path(out_dir)
-    for case in CASES:
+    for case in cases:
         record = contract_record(case, out / case)
         torch.save(record, out / f"{case}.rank{dist.rank()}.pt")
     dist.shutdown()
 
 
 @pytest.fixture(scope="module")
-def ddp_records(tmp_path_factory):
+def ddp_records(request, tmp_path_factory):
+    """Both ranks' records of every case this session runs (`-k my_method` runs its cases alone)."""
     out = tmp_path_factory.mktemp("ddp")
-    run = torchrun(__file__, str(out), timeout=600)
+    selected = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params
+    ]
+    run = torchrun(__file__, str(out), *selected, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return lambda case: [torch.load(out / f"{case}.rank{r}.pt", weights_only=False) for r in (0, 1)]
 
@@ -194,4 +200,4 @@ def test_torchrun_training_writes_one_checkpoint(tmp_path):
 
 
 if __name__ == "__main__":  # under torchrun: the 2-process side of the contract
-    ddp_main(sys.argv[1])
+    ddp_main(sys.argv[1], sys.argv[2:])
