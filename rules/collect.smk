@@ -1,11 +1,18 @@
 # collect: every result the plan asks for, in one table (results/failures.csv names the broken method
 # folders left out of the DAG).
+from sslbench.plan.workflow import record_collected
 from sslbench.provenance import tree_record
+
+
+COLLECTED = "results/collected.txt"  # the list of result files the table is made from
+if workflow.is_main_process:  # a cluster job's own snakemake finds it written
+    record_collected(COLLECTED, PLAN.result_files(SEEDS))
 
 
 rule collect:
     input:
-        PLAN.result_files(SEEDS),
+        results=PLAN.result_files(SEEDS),
+        listed=COLLECTED,
     output:
         table="results/table.csv",
         failures="results/failures.csv",
@@ -17,4 +24,4 @@ rule collect:
     localrule: True  # seconds of work: not worth a trip through a cluster queue
     shell:
         "sslbench collect --out {output.table:q} --failures {output.failures:q} --results-dir results "
-        "--methods {params.methods:q} --failed-json {params.failed:q} {input:q}"
+        "--methods {params.methods:q} --failed-json {params.failed:q} {input.results:q}"

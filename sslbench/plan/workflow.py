@@ -82,6 +82,19 @@ def code_param(
     return code_digest(code_record(stage, method_dir, protocol))
 
 
+def record_collected(path: str | Path, result_files: list[str]) -> None:
+    """The result files the table is collected from, one per line, rewritten only when the list
+    changes. It is an input of collect: Snakemake reruns a job whose input set changed only from its
+    own records in .snakemake/, which results/ copied from another checkout lacks, so a method added
+    there would never be collected; this file's date moves exactly when the list does."""
+    from sslbench.atomic import write_text
+
+    text = "".join(f"{p}\n" for p in sorted(result_files))
+    path = Path(path)
+    if not path.is_file() or path.read_text() != text:
+        write_text(path, text)
+
+
 def recorded_code(stage: str, output: str | Path) -> dict | None:
     """The code record a finished job wrote (run.json, a features file, a result), if it did."""
     from sslbench.errors import UnreadableFileError

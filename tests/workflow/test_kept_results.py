@@ -240,6 +240,15 @@ def test_results_copied_into_a_fresh_clone_plan_nothing(finished, tmp_path):
         "All 3 results are up to date with the code.",
     ], said.stdout
 
+    # a method folder added: its jobs and the collect step alone (Snakemake has no record here of the
+    # results collect last read: results/collected.txt, whose date moves when that list changes)
+    shutil.copytree(clone / "methods" / "flaky", clone / "methods" / "flaky2")
+    cfg = yaml.safe_load((clone / "tiny.yaml").read_text())
+    (clone / "added.yaml").write_text(yaml.safe_dump({"methods": [*cfg["methods"], "flaky2"]}))
+    run = snakemake(clone, "-n", "results/table.csv", "-q", "rules", presets=[str(clone / "added.yaml")])
+    counts = dict(re.findall(r"^(\w+) +(\d+)$", run.stdout, re.M))
+    assert counts == {"pretrain": "1", "evaluate": "1", "collect": "1", "total": "3"}, run.stdout + run.stderr
+
     # an edit after the copy: no record of the last run's settings here, so the plan keeps the result
     # and status names it, with the command that reruns it
     with open(clone / "methods" / "flaky" / "method.py", "a") as f:
