@@ -331,7 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             status = warm.run(sys.argv[1:] if argv is None else list(argv))
             if status is not None:  # the job ran in a child of the warm server (sslbench.warm)
                 return status
-        args.func(args)
+        try:
+            args.func(args)
+        except BrokenPipeError:  # the reader stopped early (`sslbench status | head`): nothing is wrong
+            sys.stdout = None  # nothing left to flush at exit
     return 0
 
 

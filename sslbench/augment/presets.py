@@ -218,4 +218,4 @@ def view_config(preset: str = "mocov2", **overrides) -> ViewConfig:
     try:
         return dataclasses.replace(VIEW_PRESETS[preset], **overrides)
     except ValueError as err:  # ViewConfig's checks of the values an `augment:` section set
-        raise ConfigError(f"`augment` settings: {err}") from err
+        raise ConfigError(str(err)) from err  # the caller names where the setting is
