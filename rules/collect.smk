@@ -22,6 +22,8 @@ rule collect:
         # Any code change re-collects, so that the table's `stale` marks are always those of this tree.
         code=code_digest(tree_record(METHODS_DIR)),
     localrule: True  # seconds of work: not worth a trip through a cluster queue
+    log:
+        "results/logs/collect.log",
     shell:
         "sslbench collect --out {output.table:q} --failures {output.failures:q} --results-dir results "
-        "--methods {params.methods:q} --failed-json {params.failed:q} {input.results:q}"
+        "--methods {params.methods:q} --failed-json {params.failed:q} {input.results:q} > {log:q} 2>&1"

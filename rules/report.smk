@@ -1,6 +1,7 @@
 # report: the tables, figures and HTML page of the collected table, the runs' records and the papers'
 # numbers (methods/<name>/paper.yaml).
 from sslbench.provenance import code_digest, sha256_file
+from sslbench.plan.paths import REPORT_TABLES
 
 
 rule report:
@@ -9,15 +10,17 @@ rule report:
         failures=rules.collect.output.failures,
         runs=[written_by(rules.pretrain.output.run).format(pretrain=p, method=PLAN.slugs[m], seed=s)
               for p, m, s in PLAN.run_seeds(SEEDS)],
+    # every file the report writes, each with its caption (rules/captions/) for `snakemake --report`
     output:
-        html=report("results/report.html", category="Report"),
-        table_md=report("results/table.md", category="Tables"),
-        summary=report("results/summary.csv", category="Tables"),
-        comparisons=report("results/comparisons.csv", category="Tables"),
-        margins=report("results/margins.csv", category="Tables"),
-        ablations=report("results/ablations.csv", category="Tables"),
-        cost=report("results/cost.csv", category="Tables"),
-        figures=report(directory("results/figures"), patterns=["{name}.png"], category="Figures"),
+        html=report("results/report.html", caption="captions/report.rst", category="Report"),
+        table_md=report("results/table.md", caption="captions/table_md.rst", category="Tables"),
+        **{
+            name: report(f"results/{name}.csv", caption=f"captions/{name}.rst", category="Tables")
+            for name in REPORT_TABLES
+        },
+        figures=report(
+            directory("results/figures"), patterns=["{name}.png"], caption="captions/figures.rst", category="Figures"
+        ),
     params:
         methods=str(METHODS_DIR),
         config=str(BASE / "config"),

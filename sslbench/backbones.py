@@ -19,7 +19,8 @@ What a network's features are (``backbone.features``, ``FEATURES``): ``pooled``,
 final norm, as DINO's kNN and MoCo v3's linear probe; ``avg``, the mean of the patch tokens), or DINO's
 ViT linear-probe inputs (eval_linear.py): ``last4_cls``, the class tokens of the last 4 blocks after
 the final norm, concatenated (``--n_last_blocks 4``, its ViT-S setting), and ``cls_avgpool``, the last
-block's class token and mean patch token (``--n_last_blocks 1 --avgpool_patchtokens``, its ViT-B one).
+block's class token and mean patch token, interleaved per channel as eval_linear.py's reshape leaves them
+(``--n_last_blocks 1 --avgpool_patchtokens``, its ViT-B one).
 Training always uses the pooled output; ``feature_reader`` applies the setting where features are read.
 """
 
@@ -132,7 +133,8 @@ class FeatureReader(nn.Module):
         out = self.vit.get_intermediate_layers(x, n=self.blocks, return_prefix_tokens=True, norm=True)
         tokens = [prefix[:, 0] for _, prefix in out]
         if self.features == "cls_avgpool":
-            tokens.append(out[-1][0].mean(1))
+            # eval_linear.py's column order: class token and mean patch token interleaved per channel
+            return torch.stack([tokens[-1], out[-1][0].mean(1)], dim=-1).flatten(1)
         return torch.cat(tokens, dim=1)
 
 

@@ -336,7 +336,10 @@ def lars_updates(params: list[torch.Tensor], grads: list[torch.Tensor], group: d
         g_norms = torch.stack(torch._foreach_norm(grads))
         adapt = (w_norms > 0) & (g_norms > 0)
         ratios = eta * w_norms / (g_norms + w_norms * wd + 1e-8)
-        decays = torch.where(adapt, wd, 0.0).to(w_norms.dtype)  # apex: no weight decay where not adapted
+        # apex: no weight decay where not adapted. apex adds wd * w with wd a Python float; on the float32
+        # parameters the optimiser holds, torch casts that scalar to float32, so this float32 tensor of wd
+        # gives the same products, bit for bit, without a device sync to read `adapt`.
+        decays = torch.where(adapt, wd, 0.0).to(w_norms.dtype)
         updates = torch._foreach_add(grads, torch._foreach_mul(params, list(decays.unbind())))
     if group["trust_clip"]:
         ratios = torch.clamp(ratios / group["lr"], max=1.0)

@@ -24,8 +24,8 @@ METHODS_DIR = REPO / "methods"
 EXERCISER_DIR = REPO / "tests" / "methods" / "exerciser"
 
 
-# A tiny Vision Transformer for the 8-px digits of the tiny suite: 2x2 patches of 4 px, padded where a
-# multi-crop view's side is no multiple of 4.
+# The tests' one tiny Vision Transformer: 2 blocks of 48-d, 3 heads, patches of 4 px (2 x 2 of them on the
+# tiny suite's 8-px digits), padded where a multi-crop view's side is no multiple of 4.
 TINY_VIT = {
     "name": "vit_tiny_patch16_224",
     "args": {"patch_size": 4, "depth": 2, "num_heads": 3, "embed_dim": 48, "dynamic_img_pad": True},
@@ -33,19 +33,10 @@ TINY_VIT = {
 
 
 def tiny_vit(**kwargs):
-    """A tiny timm ViT for 16-px inputs: 4 x 4 patches of 4 px, 2 blocks of 48-d."""
+    """TINY_VIT built for 16-px inputs (4 x 4 patches), without a classifier."""
     import timm
 
-    return timm.create_model(
-        "vit_tiny_patch16_224",
-        img_size=16,
-        patch_size=4,
-        depth=2,
-        num_heads=3,
-        embed_dim=48,
-        num_classes=0,
-        **kwargs,
-    )
+    return timm.create_model(TINY_VIT["name"], img_size=16, num_classes=0, **{**TINY_VIT["args"], **kwargs})
 
 
 # Split batch norm needs BatchNorm2d layers: on a ViT these methods run with one split (and refuse more).

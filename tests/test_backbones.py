@@ -31,3 +31,18 @@ def test_unknown_backbone_is_a_clear_error():
 def test_small_stem_on_a_non_resnet_is_refused():
     with pytest.raises(BackboneError, match="small_stem"):
         create_backbone("test_vit", small_stem=True)
+
+
+def test_cls_avgpool_interleaves_the_class_token_and_the_mean_patch_token_as_dino_does():
+    """DINO's eval_linear.py stacks [cls, mean patch] on a last axis and reshapes: channel c of the class
+    token, then channel c of the mean patch token, for every c."""
+    from sslbench.backbones import feature_reader
+
+    vit = create_backbone(
+        "vit_tiny_patch16_224", in_chans=1, img_size=16, patch_size=4, depth=2, embed_dim=24, num_heads=2
+    )
+    x = torch.randn(3, 1, 16, 16)
+    features = feature_reader(vit, {"features": "cls_avgpool"})(x)
+    ((patches, prefix),) = vit.get_intermediate_layers(x, n=1, return_prefix_tokens=True, norm=True)
+    assert features.shape == (3, 48)
+    assert torch.equal(features[:, 0::2], prefix[:, 0]) and torch.equal(features[:, 1::2], patches.mean(1))

@@ -27,3 +27,7 @@ CODE_RECORD_FILES = {
     "extract": FEATURES_FILE,
     "evaluate": RESULT_FILE,
 }
+
+
+# The tables the report writes beside table.md and report.html, as results/<name>.csv.
+REPORT_TABLES = ("summary", "comparisons", "margins", "reproduced", "cost", "environment", "ablations")

@@ -70,12 +70,15 @@ def write_official(
     format: str,
     path: str | Path,
     heads: Mapping[str, torch.Tensor] | None = None,
+    placeholders: bool = True,
     **fields,
 ) -> Path:
     """Write a backbone state dict (timm names) as ``format``'s official file: its wrapper, its key
     prefix and its other top-level entries (``fields`` overrides them, e.g. ``arch``). ``heads``: the
     file's other networks, named as in the file (``example_heads``). Without heads, a format that is
-    also released as a bare backbone file (DINO, Barlow Twins, VICReg) writes that file."""
+    also released as a bare backbone file (DINO, Barlow Twins, VICReg) writes that file. Without
+    ``placeholders``, the top-level entries are ``fields`` alone, none of OFFICIAL_FIELDS' made-up ones
+    (an export writes only what it knows)."""
     fmt = get_format(format)
     for key in heads or {}:
         if not key.startswith(fmt.drop):
@@ -95,7 +98,7 @@ def write_official(
             )
         checkpoint = entries
     else:
-        checkpoint = OFFICIAL_FIELDS[format]() | fields
+        checkpoint = (OFFICIAL_FIELDS[format]() if placeholders else {}) | fields
         for part in fmt.parts or (official,):
             checkpoint[part] = dict(entries)
     buffer = io.BytesIO()
@@ -259,10 +262,12 @@ FILE_HEADS: dict[str, tuple[tuple[str, ...], Callable[[Mapping], dict]]] = {
 
 def export(checkpoint_path: str | Path, format: str, out: str | Path) -> Path:
     """A checkpoint the suite trained, written as ``format``'s official file (its heads too where the
-    method is the format's own: MoCo's and PCL's key encoder, query head and queue)."""
+    method is the format's own: MoCo's and PCL's key encoder, query head and queue, with the epochs
+    trained and the backbone's name as `epoch` and `arch`). The official evaluation scripts read the
+    weights alone; no optimizer state or other field is made up."""
     ckpt = atomic.load_torch(checkpoint_path)
     methods, heads_of = FILE_HEADS.get(format, ((), None))
     own = ckpt["cfg"]["method_base"] in methods
     heads = heads_of(ckpt["method_state"]) if own else None
     fields = {"epoch": ckpt["meta"]["epochs_trained"], "arch": ckpt["cfg"]["backbone"]["name"]} if own else {}
-    return write_official(ckpt["encoder"], format, out, heads=heads, **fields)
+    return write_official(ckpt["encoder"], format, out, heads=heads, placeholders=False, **fields)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from sslbench import atomic
 from sslbench.errors import SslbenchError, unreadable
+from sslbench.plan.paths import REPORT_TABLES
 from sslbench.plan.runs import flatten, method_slug
 from sslbench.plan.settings import METHOD_SECTIONS
 from sslbench.report.stats import (
@@ -52,7 +53,6 @@ from sslbench.report.stats import (
     target_matrix,
 )
 
-CSV_TABLES = ("summary", "comparisons", "margins", "reproduced", "cost", "environment", "ablations")
 UNKNOWN = "unknown"  # what provenance.git_state says outside a git checkout
 
 
@@ -227,7 +227,7 @@ def write_tables(tables: Tables, out_dir: Path) -> None:
     """summary.csv, comparisons.csv, margins.csv, reproduced.csv, cost.csv, environment.csv,
     ablations.csv and table.md: the leaderboards first (``leaderboards_markdown``), then the headline
     tables and the methods × targets matrices."""
-    for name in CSV_TABLES:
+    for name in REPORT_TABLES:
         atomic.write_text(out_dir / f"{name}.csv", getattr(tables, name).to_csv(index=False))
     markdown = leaderboards_markdown(tables.leaderboards, tables.table) + HEADLINE_HEADING
     markdown += "\n".join(

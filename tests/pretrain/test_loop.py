@@ -193,6 +193,21 @@ def test_lars_larc_rule_by_hand_at_a_gradient_and_at_zero():
     torch.testing.assert_close(zero.detach(), -4.0 * G["weight"])
 
 
+def test_larc_weight_decay_as_a_float32_tensor_is_apex_s_python_float_bit_for_bit():
+    """apex LARC adds wd * w with wd a Python float; lars_updates multiplies by a float32 tensor of wd.
+    On float32 parameters the products agree exactly, also for a wd float32 cannot hold (1e-6, 0.3)."""
+    from sslbench.loop import lars_updates
+
+    w = torch.randn(64, 33, generator=torch.Generator().manual_seed(0))
+    g = torch.randn(64, 33, generator=torch.Generator().manual_seed(1))
+    for wd in (1e-6, 0.3, 1.5e-6):
+        group = {"weight_decay": wd, "trust_coefficient": 0.001, "trust_ratio": "larc", "trust_clip": False}
+        (update,) = lars_updates([w], [g], group)
+        ratio = 0.001 * w.norm() / (g.norm() + w.norm() * wd + 1e-8)
+        torch.testing.assert_close(update, (g + wd * w) * ratio, rtol=1e-6, atol=0)
+        assert torch.equal(torch._foreach_mul([w], [torch.tensor(wd)])[0], wd * w)  # the products, exactly
+
+
 def official_lars(params, grads_per_step, lr, wd, eta, momentum, adapt):
     """The official rule (moco-v3 optimizer.py, barlowtwins main.py, BYOL scale_by_lars), written from its
     definition: per tensor, d = g + wd w and q = eta |w| / |d| (1 where a norm is 0) where it adapts, mu

@@ -158,6 +158,8 @@ def test_the_moco_writer_writes_the_official_layout(tmp_path):
     assert set(written) == {"epoch", "arch", "state_dict", "optimizer"}
     assert written["arch"] == "resnet18"
     assert set(written["state_dict"]) == set(official["state_dict"])
+    write_official(model.state_dict(), "moco", path, heads=heads, placeholders=False, arch="resnet18")
+    assert set(torch.load(path, weights_only=True)) == {"arch", "state_dict"}  # nothing made up
 
 
 def dino_head(prefix: str, d: int) -> dict:

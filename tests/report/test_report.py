@@ -1222,3 +1222,22 @@ def test_forty_methods_get_forty_colours_and_no_two_of_320_share_colour_and_mark
     assert len(styles) == 320
     first = method_colours(names[:10])  # a table of ten methods keeps tab10's colours
     assert [first[m] for m in names[:10]] == list(colormaps["tab10"].colors)
+
+
+def test_the_report_writes_exactly_the_files_its_rule_declares(tmp_path):
+    """rules/report.smk declares results/<name>.csv for each name of REPORT_TABLES, table.md, report.html
+    and figures/: Snakemake then rebuilds and cleans every file the report writes, and no other."""
+    import re
+
+    from sslbench.plan.paths import REPORT_TABLES
+
+    results = write_results(tmp_path)
+    methods, config = write_methods_and_presets(tmp_path)
+    out = tmp_path / "out"
+    build_report(results, methods, config, out)
+    written = {p.name for p in out.iterdir()}
+    assert written == {f"{name}.csv" for name in REPORT_TABLES} | {"table.md", "report.html", "figures"}
+    rule = (REPO / "rules" / "report.smk").read_text()
+    assert "for name in REPORT_TABLES" in rule and re.search(r'report\(f"results/\{name\}\.csv"', rule)
+    for caption in [*REPORT_TABLES, "report", "table_md", "figures"]:
+        assert (REPO / "rules" / "captions" / f"{caption}.rst").read_text().strip(), caption
