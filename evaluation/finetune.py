@@ -20,7 +20,7 @@ main_finetune.py's defaults for the rest (5 warm-up epochs, min_lr 1e-6, AdamW w
   ``layer_decay`` ** (L - l). 1-D parameters and the ViT's ``no_weight_decay()`` names take no weight
   decay. On another network every parameter takes the lr (layer decay is defined for ViTs).
 - **Schedule** (util/lr_sched.py): per step, linear warm-up from 0 over ``warmup_epochs`` then a half
-  cosine to ``min_lr``, each group's curve times its layer scale (``sslbench.loop.learning_rate``).
+  cosine to ``min_lr``, each group's curve times its layer scale (``sslbench.optim.learning_rate``).
 - **Views and targets**: each image is cropped and flipped (ViewAugment's ``supervised`` preset, scale
   (0.08, 1)) with RandAugment, normalised, then randomly erased (timm's RandomErasing, probability
   ``random_erasing``, per-pixel normal noise, one box: ``--reprob --remode pixel --recount 1``); each
@@ -50,12 +50,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from evaluation.classifier import fit_classifier
 from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import view_config
 from sslbench.backbones import PIXELS, backbone_from_config, is_vit
 from sslbench.data import Dataset
 from sslbench.distributed import select_device
-from sslbench.loop import fit_classifier, make_optimizer
+from sslbench.optim import make_optimizer
 
 from .common import (
     ProtocolError,

@@ -25,7 +25,7 @@ handling of settings) with MAE's head and optimiser. The head is BatchNorm1d(D, 
 1e-6) then a linear layer (weight trunc_normal std 0.01, bias 0): the batch norm has no parameters;
 it normalises each training batch with its own statistics and tracks running ones, which the test
 split uses (the head in eval mode). The linear layer trains with LARS (MAE's util/lars.py, as
-sslbench.loop.Lars with trust ratio `update_norm`: eta ||w|| / ||g + wd w||, eta 0.001, no
+sslbench.optim.Lars with trust ratio `update_norm`: eta ||w|| / ||g + wd w||, eta 0.001, no
 clipping, momentum 0.9; the 1-D bias neither adapted nor decayed, MAE's `p.ndim > 1` rule), weight
 decay 0, 90 epochs, batch 16384 with lr = blr 0.1 x 16384 / 256 = 6.4, a linear warm-up from 0 over
 10 epochs then a half cosine to 0, set at every step (util/lr_sched.py, min_lr 0), and the last
@@ -239,7 +239,7 @@ def evaluate(
 # --- the image modes: "paper" (MoCo) and "mae" (MAE), a frozen backbone and augmented crops -----
 
 IMAGE_MODES = {"paper": PAPER_DEFAULTS, "mae": MAE_DEFAULTS}  # each mode's own settings
-MAE_LARS = {  # MAE's util/lars.LARS: sslbench.loop.Lars's rule `update_norm`, no clipping
+MAE_LARS = {  # MAE's util/lars.LARS: sslbench.optim.Lars's rule `update_norm`, no clipping
     "lars_trust_coefficient": 0.001,
     "lars_trust_ratio": "update_norm",
     "lars_trust_clip": False,
@@ -252,7 +252,7 @@ RECORDED = {  # what each image mode records beside its settings
     },
     "mae": {
         "optimiser": (
-            "LARS (sslbench.loop.Lars, trust ratio update_norm, eta 0.001, no clipping) on the linear "
+            "LARS (sslbench.optim.Lars, trust ratio update_norm, eta 0.001, no clipping) on the linear "
             "layer's weight, its bias neither adapted nor decayed (MAE's util/lars.py); backbone frozen "
             "in eval mode (running BN statistics)"
         ),
@@ -292,7 +292,7 @@ def new_mae_head(dim: int, num_classes: int, generator: torch.Generator) -> torc
 
 
 def paper_schedule(used: dict) -> dict:
-    """An image mode's lr schedule, as sslbench.loop.learning_rate takes it. "paper": x0.1 at each
+    """An image mode's lr schedule, as sslbench.optim.learning_rate takes it. "paper": x0.1 at each
     milestone epoch, no warm-up. "mae": lr x epoch / warmup_epochs on the fractional epoch (0 at
     the first step), then a half cosine to 0 over the remaining epochs, per step (learning_rate's
     `linear` ramp is MAE's util/lr_sched.adjust_learning_rate with min_lr 0)."""
@@ -311,7 +311,7 @@ def probe_optimizer(head: torch.nn.Module, used: dict) -> torch.optim.Optimizer:
     """An image mode's optimiser over the head. "paper": SGD. "mae": LARS (MAE_LARS) where tensors
     of two or more dimensions are adapted and decayed and 1-D ones (the bias) neither, as MAE's
     util/lars.py (`if p.ndim > 1`)."""
-    from sslbench.loop import make_optimizer
+    from sslbench.optim import make_optimizer
 
     settings = {"lr": used["lr"], "momentum": used["momentum"], "weight_decay": used["weight_decay"]}
     if used["mode"] != "mae":
@@ -340,7 +340,7 @@ def fit_frozen_probe(
     no gradient; the head is in train mode (MAE's batch norm: batch statistics) and is returned so."""
     import torch
 
-    from sslbench.loop import fit_classifier
+    from evaluation.classifier import fit_classifier
 
     freeze(backbone)
     make_head = new_mae_head if used["mode"] == "mae" else new_head

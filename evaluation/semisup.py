@@ -41,13 +41,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from evaluation.classifier import fit_classifier
 from sslbench import atomic
 from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import view_config
 from sslbench.data import Dataset, ImageSet
 from sslbench.distributed import select_device
 from sslbench.extract.features import embed, load_encoder
-from sslbench.loop import TrainingDiverged, fit_classifier, make_optimizer
+from sslbench.optim import TrainingDiverged, make_optimizer
 
 from .common import (
     ProtocolError,

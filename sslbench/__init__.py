@@ -7,7 +7,7 @@ __all__ = ["DataInfo", "EpochContext", "Method"]
 def __getattr__(name):
     # Lazy, so that the Snakefile's imports of sslbench.plan do not pay for importing torch.
     if name in __all__:
-        from sslbench import method
+        from sslbench.kit import method
 
         return getattr(method, name)
     raise AttributeError(f"module 'sslbench' has no attribute {name!r}")

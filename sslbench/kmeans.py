@@ -1,5 +1,5 @@
 """k-means (faiss): the one implementation, used by PCL's E-step (through
-``sslbench.clustering.kmeans``, which takes and returns torch tensors), the clustering protocol and
+``sslbench.kit.clustering.kmeans``, which takes and returns torch tensors), the clustering protocol and
 the benchmark. numpy in and out, without torch, so that a clustering job never imports it.
 """
 
@@ -16,7 +16,7 @@ FAISS_MAX_POINTS_PER_CENTROID = 256  # faiss's own default
 class KMeansResult:
     """centroids [k, D] float32; assignments [N] int64; distances [N] float32 = Euclidean distance of
     each point to its assigned centroid; inertia = sum of squared distances. numpy arrays here;
-    torch tensors on the input's device from ``sslbench.clustering.kmeans``."""
+    torch tensors on the input's device from ``sslbench.kit.clustering.kmeans``."""
 
     centroids: np.ndarray | torch.Tensor  # noqa: F821 (torch only in the annotation)
     assignments: np.ndarray | torch.Tensor  # noqa: F821

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from sslbench.errors import SslbenchError
-from sslbench.method import REQUIRED_HOOKS, Method
+from sslbench.kit.method import REQUIRED_HOOKS, Method
 
 
 class PluginError(SslbenchError, ValueError):

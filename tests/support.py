@@ -174,7 +174,7 @@ def mlp_layout(mlp) -> tuple[list[type], list[tuple[int, int]], list[bool]]:
 def lars_groups(trainer) -> tuple[dict, dict]:
     """The trainer's LARS groups (weights, then biases and norms), checked to split the method's parameters
     into its matrices and its vectors."""
-    from sslbench.loop import Lars
+    from sslbench.optim import Lars
 
     optimizer, method = trainer.optimizer, trainer.method
     assert isinstance(optimizer, Lars)

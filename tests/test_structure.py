@@ -46,8 +46,8 @@ LAYERS = [
     ["errors", "atomic", "kernels", "provenance"],
     ["kmeans", "extract.featurefile", "datafiles", "weightfiles"],  # file formats every stage reads
     ["data"],
-    ["augment", "backbones", "distributed", "loop"],
-    ["sslbench", "method", "losses", "clustering", "plugins"],  # sslbench: the package itself
+    ["augment", "backbones", "distributed", "optim", "plan.limits"],  # plan.limits: numbers alone
+    ["sslbench", "kit", "plugins"],  # sslbench: the package itself; kit: what a method builds with
     ["plan"],
     ["pretrain"],
     ["extract"],
@@ -98,9 +98,28 @@ def test_sslbench_never_imports_a_protocol_or_a_method():
     assert not bad
 
 
-def test_the_loop_module_needs_nothing_of_sslbench_but_its_errors():
-    found = [t for t, _ in imports(REPO / "sslbench" / "loop.py") if t.split(".")[0] in PACKAGES]
+def test_the_optimisation_module_needs_nothing_of_sslbench_but_its_errors():
+    found = [t for t, _ in imports(REPO / "sslbench" / "optim.py") if t.split(".")[0] in PACKAGES]
     assert set(found) <= {"sslbench.errors"}, found
+
+
+# What a method folder builds with: its kit, and below it the processes, the networks and the errors.
+METHOD_IMPORTS = ("sslbench.kit", "sslbench.distributed", "sslbench.backbones", "sslbench.errors")
+
+
+def test_a_method_imports_its_kit_and_nothing_of_a_stage():
+    import sslbench
+
+    bad = [
+        (str(path.relative_to(REPO)), module)
+        for path in sources("methods", "tests/methods/exerciser", "benchmarks/newcomer")
+        for target, names in imports(path)
+        if target.split(".")[0] == "sslbench"
+        for module in ([f"{target}.{n}" for n in names] if target == "sslbench" else [target])
+        if not module.startswith(tuple(f"{m}." for m in METHOD_IMPORTS) + METHOD_IMPORTS)
+        and module.removeprefix("sslbench.") not in sslbench.__all__
+    ]
+    assert not bad
 
 
 # What a plugin may not import: the stages that run it or come after it.

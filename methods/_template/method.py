@@ -8,8 +8,8 @@ Write the method like its paper's pseudo-code; the engine does the rest
 import torch
 import torch.nn.functional as F
 
-from sslbench.losses import supcon  # shared maths lives in sslbench/losses.py and sslbench/clustering.py
-from sslbench.method import Method, projection_mlp
+from sslbench.kit.losses import supcon  # the kit (sslbench/kit/) holds every loss and the shared maths
+from sslbench.kit.method import Method, projection_mlp
 
 
 class MyMethod(Method):
@@ -30,14 +30,14 @@ class MyMethod(Method):
 
     def training_loss(self, views, labels, indices):
         # views: list of num_views tensors [B, C, H, W] (then any local crops [B, C, h, w], where
-        # multi_crop; sslbench.method.embed_crops embeds them one batch per size); indices: positions
+        # multi_crop; sslbench.kit.method.embed_crops embeds them one batch per size); indices: positions
         # in the train split.
         z = torch.stack([F.normalize(self.projector(self.backbone(v)), dim=1) for v in views], dim=1)
         return supcon(z, labels=None, temperature=self.temperature, base_temperature=self.temperature)
 
-    # Optional (sslbench/method.py's docstring has the whole contract):
+    # Optional (sslbench/kit/method.py's docstring has the whole contract):
     # def param_groups(self):          # [{params, lr_scale?, fixed_lr?, weight_decay?, exclude_from_lars?}];
-    #                                  # sslbench.method.exclude_bias_and_norm splits biases and norms off
+    #                                  # sslbench.kit.method.exclude_bias_and_norm splits biases and norms off
     # def momentum_pairs(self):        # [(online modules, target)]: the engine's EMA after every step, with
     #                                  # `momentum` and `momentum_schedule` from config.yaml
     # def on_epoch_start(self, ctx):   # ctx.forward_train_set(fn): fn on every train image (eval transform)

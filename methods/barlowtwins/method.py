@@ -11,8 +11,8 @@ which gives the same c but 1/W of the gradient: README.md).
 """
 
 from sslbench.distributed import gather_with_grad
-from sslbench.losses import barlow_twins
-from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
+from sslbench.kit.losses import barlow_twins
+from sslbench.kit.method import Method, bn_mlp, exclude_bias_and_norm
 
 
 class BarlowTwins(Method):

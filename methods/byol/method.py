@@ -20,9 +20,9 @@ from torch import nn
 
 from sslbench.backbones import backbone_from_config
 from sslbench.errors import ConfigError
-from sslbench.losses import cosine_regression
-from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
-from sslbench.pretrain.momentum import freeze, frozen_copy
+from sslbench.kit.losses import cosine_regression
+from sslbench.kit.method import Method, bn_mlp, exclude_bias_and_norm
+from sslbench.kit.momentum import freeze, frozen_copy
 
 
 class BYOL(Method):

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslbench import distributed as dist
-from sslbench.clustering import kmeans, pca_whiten, uniform_over_clusters
 from sslbench.errors import ConfigError
-from sslbench.method import Method
+from sslbench.kit.clustering import kmeans, pca_whiten, uniform_over_clusters
+from sslbench.kit.method import Method
 
 
 class DeepCluster(Method):

@@ -28,9 +28,9 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
-from sslbench.losses import cross_view_cross_entropy
-from sslbench.method import Method, embed_crops, exclude_bias_and_norm
-from sslbench.pretrain.momentum import frozen_copy
+from sslbench.kit.losses import cross_view_cross_entropy
+from sslbench.kit.method import Method, embed_crops, exclude_bias_and_norm
+from sslbench.kit.momentum import frozen_copy
 
 CONFIG = "methods/dino/config.yaml"
 

@@ -9,7 +9,7 @@ memory bank, as zhirongw/lemniscate.pytorch (main.py, lib/NCEAverage.py, lib/NCE
             rows = [i, K indices drawn uniformly from 0..N-1]   the image's own row, then the noise
             s = exp(memory[rows] · v / T)                   [B, 1 + K]
             if Z < 0: Z = N mean(s)
-            loss = NCE(s / Z, N)                            P_n = 1/N (sslbench.losses.instance_nce)
+            loss = NCE(s / Z, N)                            P_n = 1/N (sslbench.kit.losses.instance_nce)
         else:                                               the non-parametric softmax (LinearAverage)
             loss = CE(v · memory^T / T, i)                  over every row: --nce-k 0
         memory[i] = normalize(m memory[i] + (1 - m) v)      m = 0.5, no gradient
@@ -30,8 +30,8 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
-from sslbench.losses import instance_nce
-from sslbench.method import Method
+from sslbench.kit.losses import instance_nce
+from sslbench.kit.method import Method
 
 
 class InstDisc(Method):

@@ -26,7 +26,7 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
-from sslbench.method import Method, exclude_bias_and_norm
+from sslbench.kit.method import Method, exclude_bias_and_norm
 
 CONFIG = "methods/mae/config.yaml"
 LN_EPS = 1e-6  # models_mae.py: norm_layer=partial(nn.LayerNorm, eps=1e-6)

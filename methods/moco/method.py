@@ -10,16 +10,16 @@
         SGD step on f_q
         f_k = m f_k + (1 - m) f_q     # the engine's momentum update of momentum_pairs()
 
-The building blocks (split BN, key encoder, version table) are in sslbench/pretrain/moco.py and the
-queue in sslbench/pretrain/queue.py, shared with PCL. The evaluated encoder is the query backbone.
+The building blocks (split BN, key encoder, version table) are in sslbench/kit/moco.py and the
+queue in sslbench/kit/queue.py, shared with PCL. The evaluated encoder is the query backbone.
 """
 
 import torch.nn.functional as F
 
-from sslbench.losses import info_nce
-from sslbench.method import Method
-from sslbench.pretrain.moco import check_version, query_head_and_key_encoder, temperature_of
-from sslbench.pretrain.queue import KeyQueue, fit_queue_size
+from sslbench.kit.losses import info_nce
+from sslbench.kit.method import Method
+from sslbench.kit.moco import check_version, query_head_and_key_encoder, temperature_of
+from sslbench.kit.queue import KeyQueue, fit_queue_size
 
 
 class MoCo(Method):

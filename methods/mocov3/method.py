@@ -31,9 +31,9 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
-from sslbench.losses import batch_info_nce
-from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
-from sslbench.pretrain.momentum import frozen_copy
+from sslbench.kit.losses import batch_info_nce
+from sslbench.kit.method import Method, bn_mlp, exclude_bias_and_norm
+from sslbench.kit.momentum import frozen_copy
 
 
 class MoCoV3(Method):

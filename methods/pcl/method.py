@@ -17,7 +17,7 @@ MoCo (v2 by default) plus prototypes found by k-means on momentum features (an E
             enqueue(queue, k); SGD step on f_q; f_k = m f_k + (1 - m) f_q
 
 MoCo's machinery (split BN, key encoder, queue) comes from sslbench/pretrain/ (moco.py, queue.py); the maths
-from sslbench.losses (info_nce, proto_nce) and sslbench.clustering (kmeans, concentration).
+from sslbench.kit.losses (info_nce, proto_nce) and sslbench.kit.clustering (kmeans, concentration).
 """
 
 import time
@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from sslbench import distributed as dist
-from sslbench.clustering import concentration, kmeans
 from sslbench.errors import ConfigError
-from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes
-from sslbench.method import Method
-from sslbench.pretrain.moco import check_version, query_head_and_key_encoder, temperature_of
-from sslbench.pretrain.queue import KeyQueue, fit_queue_size
+from sslbench.kit.clustering import concentration, kmeans
+from sslbench.kit.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes
+from sslbench.kit.method import Method
+from sslbench.kit.moco import check_version, query_head_and_key_encoder, temperature_of
+from sslbench.kit.queue import KeyQueue, fit_queue_size
 
 
 class PCL(Method):

@@ -1,6 +1,6 @@
 """The raw-input floor: the features are the input pixels themselves, never trained."""
 
-from sslbench.method import Method
+from sslbench.kit.method import Method
 
 
 class Pixels(Method):

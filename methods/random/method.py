@@ -1,6 +1,6 @@
 """The untrained backbone: randomly initialised, never trained. The floor every method must beat."""
 
-from sslbench.method import Method
+from sslbench.kit.method import Method
 
 
 class RandomInit(Method):

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslbench import distributed as dist
-from sslbench.clustering import equipartition_labels, sinkhorn_labels
 from sslbench.errors import ConfigError
-from sslbench.method import Method
+from sslbench.kit.clustering import equipartition_labels, sinkhorn_labels
+from sslbench.kit.method import Method
 
 
 class SeLa(Method):

@@ -8,8 +8,8 @@ loss = loss_a + loss_b            # each view's anchors against the 2B - 1 other
 from torch import nn
 
 from sslbench.distributed import gather_with_grad
-from sslbench.losses import supcon
-from sslbench.method import Method, embed_views
+from sslbench.kit.losses import supcon
+from sslbench.kit.method import Method, embed_views
 
 
 class SimCLR(Method):

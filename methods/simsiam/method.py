@@ -13,8 +13,8 @@ no negatives, no momentum encoder.
 The evaluated encoder is the backbone f.
 """
 
-from sslbench.losses import negative_cosine
-from sslbench.method import Method, bn_mlp
+from sslbench.kit.losses import negative_cosine
+from sslbench.kit.method import Method, bn_mlp
 
 
 class SimSiam(Method):

@@ -10,8 +10,8 @@ linear protocol, run on f's features.
 """
 
 from sslbench.distributed import gather, gather_with_grad
-from sslbench.losses import supcon
-from sslbench.method import Method, embed_views, projection_mlp
+from sslbench.kit.losses import supcon
+from sslbench.kit.method import Method, embed_views, projection_mlp
 
 
 class SupCon(Method):

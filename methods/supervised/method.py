@@ -8,7 +8,7 @@ f is the backbone (evaluated), W a linear classifier over the dataset's classes.
 import torch.nn.functional as F
 from torch import nn
 
-from sslbench.method import Method
+from sslbench.kit.method import Method
 
 
 class Supervised(Method):

@@ -11,7 +11,7 @@
         the prototypes' gradient dropped during the first epoch
         LARS step
 
-f is the backbone (evaluated), g the projection MLP. Sinkhorn is sslbench.clustering.swav_sinkhorn;
+f is the backbone (evaluated), g the projection MLP. Sinkhorn is sslbench.kit.clustering.swav_sinkhorn;
 under DDP it all-reduces its sums, so every rank's codes are those of one process on the whole batch.
 The queues hold every rank's embeddings (pushed gathered, in rank order); each rank prepends its
 shard of them, so together the ranks prepend each queued embedding once, as the official per-rank
@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from sslbench import distributed as dist
-from sslbench.clustering import swav_sinkhorn
 from sslbench.errors import ConfigError
-from sslbench.losses import cross_view_cross_entropy
-from sslbench.method import Method, embed_crops
-from sslbench.pretrain.queue import KeyQueue, fit_queue_size
+from sslbench.kit.clustering import swav_sinkhorn
+from sslbench.kit.losses import cross_view_cross_entropy
+from sslbench.kit.method import Method, embed_crops
+from sslbench.kit.queue import KeyQueue, fit_queue_size
 
 CONFIG = "methods/swav/config.yaml"
 

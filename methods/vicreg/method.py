@@ -14,8 +14,8 @@ covariance are those of the whole batch and the loss and gradient those of one p
 import torch.nn.functional as F
 
 from sslbench.distributed import gather_with_grad
-from sslbench.losses import covariance_penalty, variance_hinge
-from sslbench.method import Method, bn_mlp, exclude_bias_and_norm
+from sslbench.kit.losses import covariance_penalty, variance_hinge
+from sslbench.kit.method import Method, bn_mlp, exclude_bias_and_norm
 
 
 class VICReg(Method):

@@ -15,9 +15,9 @@ repeats. Sections (``run_bench(sections=...)``):
 - views:    the view pipeline's images/s against the backbone's forward+backward images/s.
 - knn:      faiss ``knn_classify`` against scikit-learn's brute-force cosine kNN: speed-up and
             prediction agreement, on random float32 features.
-- kmeans:   faiss ``sslbench.clustering.kmeans`` against scikit-learn's Lloyd ``KMeans``:
+- kmeans:   faiss ``sslbench.kit.clustering.kmeans`` against scikit-learn's Lloyd ``KMeans``:
             speed-up and the relative inertia gap (both inertias computed by the same code).
-- sinkhorn: ``sslbench.clustering.sinkhorn`` with SeLa's settings: seconds and iterations.
+- sinkhorn: ``sslbench.kit.clustering.sinkhorn`` with SeLa's settings: seconds and iterations.
 - memory:   peak RSS of one (method, seed)'s jobs, pretrain, extract and every protocol, as
             snakemake plans them from the Snakefile, each run alone in a child process, against
             the memory each job declares (config ``resources``).

@@ -125,7 +125,7 @@ def inertia(points: np.ndarray, centroids: np.ndarray) -> float:
 def bench_kmeans(bench: Bench) -> list[dict]:
     from sklearn.cluster import KMeans
 
-    from sslbench.clustering import kmeans
+    from sslbench.kit.clustering import kmeans
 
     s = bench.sizes
     points = random_features(s.kmeans_points, s.dim, np.random.default_rng(bench.seed + 1))
@@ -221,8 +221,8 @@ def sela_settings(config: dict) -> dict:
 def bench_sinkhorn(bench: Bench) -> list[dict]:
     import warnings
 
-    from sslbench.clustering import sinkhorn
     from sslbench.distributed import select_device
+    from sslbench.kit.clustering import sinkhorn
 
     s, settings = bench.sizes, sela_settings(bench.config)
     generator = torch.Generator().manual_seed(bench.seed + 2)

@@ -34,7 +34,7 @@ class BareLoop:
     into one forward) and optimiser, with the mean of the backbone's outputs as the loss."""
 
     def __init__(self, trainer):
-        from sslbench.loop import make_optimizer
+        from sslbench.optim import make_optimizer
         from sslbench.pretrain.trainer import build_backbone
 
         # The method's initial backbone weights, device and fast paths: like against like.
@@ -45,7 +45,7 @@ class BareLoop:
         self.trainer = trainer
 
     def forward_backward(self, views: list[torch.Tensor]) -> torch.Tensor:
-        from sslbench.method import embed_crops
+        from sslbench.kit.method import embed_crops
 
         with self.trainer.autocast():  # the views of one size in one forward: the fastest way through
             loss = torch.cat(embed_crops(self.backbone, views)).float().mean()
@@ -109,7 +109,7 @@ def walk_hooks(trainer, budget_s: float) -> list[float]:
     """Seconds of each on_epoch_start call, epoch 0, 1, ... as training calls them, until the run's
     last epoch or until the calls took ``budget_s``. Leaves the method as that epoch finds it
     (PCL with prototypes, SeLa with relabelled targets), so the steps timed next are typical."""
-    from sslbench.method import Method
+    from sslbench.kit.method import Method
     from sslbench.pretrain.trainer import TrainState
 
     if type(trainer.method).on_epoch_start is Method.on_epoch_start:
@@ -270,7 +270,7 @@ def split_bn_layers_row(bench: Bench, splits: int) -> dict:
     forward without gradient (the key encoder)."""
     from torch import nn
 
-    from sslbench.pretrain.moco import SplitBatchNorm2d
+    from sslbench.kit.moco import SplitBatchNorm2d
 
     trainer = build_trainer("moco", bench, bn_splits=1)
     backbone = trainer.method.backbone

@@ -4,9 +4,9 @@ The engine owns: data order and views, the optimiser over the method's parameter
 groups and its schedule, the momentum (EMA) updates of the method's pairs, devices
 (bf16 autocast and channels_last on CUDA), per-epoch atomic checkpoints and
 resume, the epoch log, and divergence checks (the pieces it shares with the
-protocols' loops are in ``sslbench.loop``).  A method computes its loss, declares
+protocols' loops are in ``sslbench.optim``).  A method computes its loss, declares
 its groups, pairs and views, and hooks the start of an epoch, the gradients before
-the step and the end of a step (see ``sslbench.method``).
+the step and the end of a step (see ``sslbench.kit.method``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from sslbench.augment.views import check_view_groups, view_groups
 from sslbench.backbones import backbone_from_config
 from sslbench.data import Dataset, dataset_stats, load_data
 from sslbench.errors import ConfigError
-from sslbench.loop import (
+from sslbench.kit.method import DataInfo, EpochContext, Method, checked_param_groups
+from sslbench.kit.momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
+from sslbench.optim import (
     autocast,
     check_finite,
     learning_rate,
@@ -33,13 +35,11 @@ from sslbench.loop import (
     set_learning_rate,
     set_weight_decay,
 )
-from sslbench.method import DataInfo, EpochContext, Method, checked_param_groups
 from sslbench.plan.limits import pretrain_batch_problem
 from sslbench.plan.settings import dataset_label
 from sslbench.plugins import load_method_class
 from sslbench.pretrain.batches import batch_source
 from sslbench.pretrain.checkpoints import CHECKPOINT_DIR, EpochCheckpoints, prepared_digest, save_final
-from sslbench.pretrain.momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from sslbench.provenance import code_record, provenance
 
 

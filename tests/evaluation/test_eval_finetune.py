@@ -11,7 +11,7 @@ from torch import nn
 from evaluation import finetune
 from evaluation.common import ProtocolError
 from sslbench.extract.features import read_checkpoint
-from sslbench.loop import learning_rate
+from sslbench.optim import learning_rate
 from sslbench.plan.settings import resolve_method_config
 from sslbench.pretrain.trainer import pretrain
 

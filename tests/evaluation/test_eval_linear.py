@@ -129,7 +129,7 @@ rng = np.random.default_rng(0)
 features = {"train": rng.normal(size=(60, 4)), "train_labels": np.arange(60) % 3,
             "test": rng.normal(size=(9, 4)), "test_labels": np.arange(9) % 3, "num_classes": 3, "meta": {}}
 linear.evaluate(features, {"max_iter": 20}, 0)
-print(sorted(m for m in ("torch", "sklearn", "timm", "torchvision", "sslbench.loop") if m in sys.modules))
+print(sorted(m for m in ("torch", "sklearn", "timm", "torchvision", "sslbench.optim") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr

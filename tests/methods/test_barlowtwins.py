@@ -1,4 +1,4 @@
-"""Barlow Twins (methods/barlowtwins, sslbench.losses.barlow_twins): the loss of main.py on inputs with a
+"""Barlow Twins (methods/barlowtwins, sslbench.kit.losses.barlow_twins): the loss of main.py on inputs with a
 hand-computable answer, its invariants, and the method's projector, views and LARS groups.
 
 The DDP side (2 gloo processes give the one-process loss and gradients on the whole batch) is
@@ -11,7 +11,7 @@ import torch
 from support import METHODS_DIR, hadamard_columns, lars_groups, mlp_layout
 from torch import nn
 
-from sslbench.losses import barlow_twins, cross_correlation, off_diagonal
+from sslbench.kit.losses import barlow_twins, cross_correlation, off_diagonal
 from sslbench.pretrain.trainer import Trainer
 
 LAMBD = 0.0051

@@ -10,7 +10,7 @@ from support import METHODS_DIR, random_views
 from torch import nn
 
 from sslbench.errors import ConfigError
-from sslbench.losses import cosine_regression
+from sslbench.kit.losses import cosine_regression
 from sslbench.pretrain.trainer import Trainer
 
 

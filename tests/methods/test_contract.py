@@ -1,4 +1,4 @@
-"""The method contract (sslbench/method.py) through the engine.
+"""The method contract (sslbench/kit/method.py) through the engine.
 
 1. Every method folder (discovered, not listed), and the test method tests/methods/exerciser that uses
    every piece of the contract at once: it builds on the tiny backbone, its training lowers nothing to
@@ -22,11 +22,11 @@ from support import METHODS_DIR, TINY_VIT, VIT_OVERRIDES, contract_folders, tiny
 from torch import nn
 
 from sslbench.errors import ConfigError
-from sslbench.loop import Lars, learning_rate
-from sslbench.method import embed_crops
+from sslbench.kit import momentum
+from sslbench.kit.method import embed_crops
+from sslbench.kit.momentum import momentum_at
+from sslbench.optim import Lars, learning_rate
 from sslbench.plan.settings import resolve_method_config
-from sslbench.pretrain import momentum
-from sslbench.pretrain.momentum import momentum_at
 from sslbench.pretrain.trainer import Trainer, pretrain
 
 FOLDERS = contract_folders()
@@ -186,8 +186,8 @@ def test_a_lr_scale_multiplies_the_schedule_and_a_group_left_out_is_an_error(tmp
         {"params": method.backbone.parameters()},
         {"params": [*method.projector.parameters(), *method.predictor.parameters()], "lr_scale": 0.25},
     ]
-    from sslbench.loop import make_optimizer, set_learning_rate
-    from sslbench.method import checked_param_groups
+    from sslbench.kit.method import checked_param_groups
+    from sslbench.optim import make_optimizer, set_learning_rate
 
     optimizer = make_optimizer(checked_param_groups(method), trainer.train_cfg)
     set_learning_rate(optimizer, trainer.train_cfg, 5, 10)  # a quarter into 2 epochs of 10 steps

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from support import METHODS_DIR
 
 from sslbench.backbones import SobelFilter
-from sslbench.clustering import kmeans, pca_whiten, uniform_over_clusters
 from sslbench.errors import ConfigError
 from sslbench.extract.features import embed, load_encoder, read_checkpoint
+from sslbench.kit.clustering import kmeans, pca_whiten, uniform_over_clusters
 from sslbench.pretrain.trainer import Trainer, pretrain
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from support import METHODS_DIR, random_views, tiny_suite_config, tiny_vit
 
 from sslbench.errors import ConfigError
-from sslbench.method import EpochContext
+from sslbench.kit.method import EpochContext
 from sslbench.plan.settings import resolve_method_config
 from sslbench.pretrain.trainer import Trainer, build_method
 
@@ -172,7 +172,7 @@ def test_on_a_vit_the_student_drops_paths_and_the_teacher_none(digits):
     utils.get_params_groups decays the class token, position embedding and patch projection (ndim > 1)."""
     from timm.layers import DropPath
 
-    from sslbench.method import DataInfo
+    from sslbench.kit.method import DataInfo
     from sslbench.plugins import load_method_class
 
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from support import METHODS_DIR
 
 from sslbench.errors import ConfigError
-from sslbench.losses import instance_nce
+from sslbench.kit.losses import instance_nce
 from sslbench.pretrain.trainer import Trainer
 
 

@@ -320,7 +320,7 @@ def test_a_resnet_backbone_is_refused_naming_backbone_name(method_config):
     """MAE's config.yaml names a ViT; a run whose settings name a ResNet instead is refused."""
     import timm
 
-    from sslbench.method import DataInfo
+    from sslbench.kit.method import DataInfo
 
     cfg = method_config("mae")
     cfg["backbone"] = {"name": "test_resnet", "small_stem": False}

@@ -1,4 +1,4 @@
-"""MoCo (methods/moco) and its building blocks (sslbench/pretrain/moco.py, queue.py), on tiny inputs."""
+"""MoCo (methods/moco) and its building blocks (sslbench/kit/moco.py, queue.py), on tiny inputs."""
 
 import datetime
 import math
@@ -12,16 +12,16 @@ from torch import nn
 
 from sslbench.augment.presets import ViewConfig, view_config
 from sslbench.data import load_data
-from sslbench.losses import info_nce
-from sslbench.plan.settings import resolve_method_config
-from sslbench.pretrain.moco import (
+from sslbench.kit.losses import info_nce
+from sslbench.kit.moco import (
     MomentumEncoder,
     check_version,
     moco_head,
     temperature_of,
     use_split_batch_norm,
 )
-from sslbench.pretrain.queue import KeyQueue, fit_queue_size
+from sslbench.kit.queue import KeyQueue, fit_queue_size
+from sslbench.plan.settings import resolve_method_config
 from sslbench.pretrain.trainer import Trainer, build_method
 
 BATCH = 64  # the tiny suite's batch size (tests/support.py)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from support import METHODS_DIR, random_views, tiny_vit
 from torch import nn
 
-from sslbench.losses import batch_info_nce
+from sslbench.kit.losses import batch_info_nce
 from sslbench.pretrain.trainer import Trainer
 
 
@@ -119,7 +119,7 @@ def test_views_are_byol_s_pair_with_crop_min_0_2(tmp_path, method_config):
 
 def vit_mocov3(method_config, **params):
     """methods/mocov3 on a tiny timm ViT (3-channel 16-px images), with these settings."""
-    from sslbench.method import DataInfo
+    from sslbench.kit.method import DataInfo
     from sslbench.plugins import load_method_class
 
     torch.manual_seed(0)
@@ -132,9 +132,9 @@ VIT_FORM = {"proj_layers": 3, "pred_last_bn": True, "exclude_bias_and_norm": Fal
 
 
 def test_stop_grad_conv1_freezes_exactly_the_vit_s_patch_projection(method_config):
-    from sslbench.loop import make_optimizer
-    from sslbench.method import checked_param_groups
-    from sslbench.pretrain.momentum import checked_momentum_pairs
+    from sslbench.kit.method import checked_param_groups
+    from sslbench.kit.momentum import checked_momentum_pairs
+    from sslbench.optim import make_optimizer
 
     method = vit_mocov3(method_config, **VIT_FORM)
     frozen = {n for n, p in method.named_parameters() if not p.requires_grad and "momentum_encoder" not in n}

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from support import METHODS_DIR, REPO, preset_config
 
 from sslbench.data import load_data
-from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce
+from sslbench.kit.losses import PROTO_NCE_FORMS, info_nce, proto_nce
 from sslbench.plan.checks import load_yaml
 from sslbench.plan.settings import resolve_method_config
 from sslbench.pretrain.trainer import Trainer, build_method

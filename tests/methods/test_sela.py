@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from support import METHODS_DIR, fixed_batch_losses, preset_config, tiny_suite_config
 
 from sslbench.augment.presets import VIEW_PRESETS, view_config
-from sslbench.clustering import sinkhorn, sinkhorn_labels
-from sslbench.loop import learning_rate
+from sslbench.kit.clustering import sinkhorn, sinkhorn_labels
+from sslbench.optim import learning_rate
 from sslbench.plan.settings import resolve_method_config
 from sslbench.plugins import load_method_class
 from sslbench.pretrain.trainer import Trainer, pretrain

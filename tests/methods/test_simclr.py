@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from support import METHODS_DIR, fixed_batch_losses, random_views
 from torch import nn
 
-from sslbench.method import embed_views
+from sslbench.kit.method import embed_views
 from sslbench.plugins import load_method_class
 from sslbench.pretrain.trainer import Trainer
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from support import METHODS_DIR, random_views
 from torch import nn
 
-from sslbench.losses import negative_cosine
+from sslbench.kit.losses import negative_cosine
 from sslbench.pretrain.trainer import Trainer
 
 

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from support import assert_trains
 from torch import nn
 
-from sslbench.losses import supcon
-from sslbench.method import embed_views
+from sslbench.kit.losses import supcon
+from sslbench.kit.method import embed_views
 
 
 def batch(seed=0, size=12, num_classes=3):

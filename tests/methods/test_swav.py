@@ -1,5 +1,5 @@
-"""SwAV (methods/swav): its Sinkhorn (sslbench.clustering.swav_sinkhorn), the swapped prediction
-(sslbench.losses.cross_view_cross_entropy), the codes, the queue and the prototypes, on tiny inputs;
+"""SwAV (methods/swav): its Sinkhorn (sslbench.kit.clustering.swav_sinkhorn), the swapped prediction
+(sslbench.kit.losses.cross_view_cross_entropy), the codes, the queue and the prototypes, on tiny inputs;
 and under 2 gloo processes the codes and loss of one process on the whole batch, queue included."""
 
 import math
@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from support import METHODS_DIR, random_views, tiny_suite_config
 
 from sslbench import distributed as dist
-from sslbench.clustering import sinkhorn, swav_sinkhorn
 from sslbench.errors import ConfigError
-from sslbench.losses import cross_view_cross_entropy
+from sslbench.kit.clustering import sinkhorn, swav_sinkhorn
+from sslbench.kit.losses import cross_view_cross_entropy
+from sslbench.kit.queue import KeyQueue
 from sslbench.plan.settings import resolve_method_config
-from sslbench.pretrain.queue import KeyQueue
 from sslbench.pretrain.trainer import Trainer, build_method
 
 BATCH = 16

@@ -1,4 +1,4 @@
-"""VICReg (methods/vicreg; sslbench.losses.variance_hinge and covariance_penalty): main_vicreg.py's loss
+"""VICReg (methods/vicreg; sslbench.kit.losses.variance_hinge and covariance_penalty): main_vicreg.py's loss
 on inputs with a hand-computable answer, its invariants, and the method's expander, views and LARS groups.
 
 The DDP side (2 gloo processes give the one-process loss and gradients on the whole batch) is
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from support import METHODS_DIR, hadamard_columns, lars_groups, mlp_layout
 from torch import nn
 
-from sslbench.losses import covariance_penalty, variance_hinge
+from sslbench.kit.losses import covariance_penalty, variance_hinge
 from sslbench.pretrain.trainer import Trainer
 
 EPS = 1e-4  # main_vicreg.py: std = sqrt(Var + 0.0001)

@@ -54,7 +54,7 @@ def test_the_plan_refuses_a_batch_larger_than_the_train_split_naming_where_it_wa
 
 def test_the_job_and_the_plan_give_the_same_split_batch_norm_message(tmp_path):
     """The key encoder's builder (the job) and the plan judge `bn_splits` with one function."""
-    from sslbench.pretrain.moco import query_head_and_key_encoder
+    from sslbench.kit.moco import query_head_and_key_encoder
 
     with pytest.raises(ConfigError) as job:
         query_head_and_key_encoder(tiny_vit(), 2, 16, bn_splits=4, batch_size=64)

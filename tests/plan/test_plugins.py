@@ -1,7 +1,7 @@
 import pytest
 from support import METHODS_DIR, REPO
 
-from sslbench.method import Method
+from sslbench.kit.method import Method
 from sslbench.plugins import PluginError, load_method_class
 
 

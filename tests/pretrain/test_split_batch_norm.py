@@ -1,4 +1,4 @@
-"""Split batch norm (sslbench/pretrain/moco.py: SplitBatchNorm2d, use_split_batch_norm), on tiny inputs.
+"""Split batch norm (sslbench/kit/moco.py: SplitBatchNorm2d, use_split_batch_norm), on tiny inputs.
 
 SplitBatchNorm2d is a faster form of MoCo's CIFAR demo layer (colab/moco_cifar10_demo.ipynb,
 SplitBatchNorm): it must compute exactly what the demo's formulation computes, bit for bit, and
@@ -14,7 +14,7 @@ from torch import nn
 
 from sslbench.backbones import create_backbone
 from sslbench.data import load_data
-from sslbench.pretrain.moco import SplitBatchNorm2d, use_split_batch_norm
+from sslbench.kit.moco import SplitBatchNorm2d, use_split_batch_norm
 from sslbench.pretrain.trainer import build_method
 
 BATCH = 64  # the tiny suite's batch size (tests/support.py)

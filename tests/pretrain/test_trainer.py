@@ -8,7 +8,7 @@ import torch
 from support import METHODS_DIR, require
 
 from sslbench import atomic, cli
-from sslbench.loop import TrainingDiverged, learning_rate, make_optimizer, uses_fused_optimizer
+from sslbench.optim import TrainingDiverged, learning_rate, make_optimizer, uses_fused_optimizer
 from sslbench.pretrain.checkpoints import CheckpointMismatch
 from sslbench.pretrain.trainer import Trainer, pretrain
 

@@ -11,7 +11,7 @@ from support import REPO, pretrain_args
 from sslbench import cli
 from sslbench.data import DatasetError
 from sslbench.errors import DEBUG_VARIABLE, ConfigError
-from sslbench.loop import TrainingDiverged
+from sslbench.optim import TrainingDiverged
 
 
 @pytest.mark.slow

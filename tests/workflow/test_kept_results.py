@@ -21,7 +21,7 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake", "--cores", "1"]
 FLAKY = """
 import torch
 
-from sslbench.method import Method
+from sslbench.kit.method import Method
 
 
 class Flaky(Method):

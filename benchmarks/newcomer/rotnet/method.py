@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sslbench.method import Method
+from sslbench.kit.method import Method
 
 
 class RotNet(Method):

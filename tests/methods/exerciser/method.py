@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sslbench.method import Method, embed_crops, exclude_bias_and_norm
-from sslbench.pretrain.momentum import frozen_copy
+from sslbench.kit.method import Method, embed_crops, exclude_bias_and_norm
+from sslbench.kit.momentum import frozen_copy
 
 
 class Exerciser(Method):

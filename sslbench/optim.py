@@ -1,15 +1,14 @@
-"""The pieces of a training loop, shared by the engine (pretraining), the paper-mode linear probe
-and the fine-tuning protocols, so that each is written once:
+"""Optimisation: the schedules, optimisers and checks of a training loop, shared by the engine
+(pretraining) and the protocols that train (evaluation/classifier.py), so that each is written once:
 
 - shuffled_batches:  one epoch's index batches in a random order
-- learning_rate:     the schedule (linear warm-up, then cosine to min_lr, steps (x0.1) or constant) at a step
+- learning_rate:     the schedule (linear warm-up, then cosine to min_lr, steps (x step_factor) or constant)
 - set_learning_rate: every parameter group's lr at a step (its own base, or fixed)
 - weight_decay_at:   the weight-decay schedule (constant, or cosine to ``weight_decay_end``) at a step
 - set_weight_decay:  every decaying parameter group's weight decay at a step (called beside the lr's)
 - make_optimizer:    SGD, AdamW or LARS (``Lars``) from settings, over parameter groups
 - check_finite:      the divergence check, raising TrainingDiverged
 - autocast:          the bf16 autocast context of a device (CUDA only)
-- fit_classifier:    the protocols' loop: cross-entropy on augmented views, one step per batch
 
 Parameter groups (``make_optimizer``): a group is a dict with ``params`` and any of these options
 (a method's ``param_groups()`` returns such dicts; plain tensors make one group with none):
@@ -61,7 +60,6 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from sslbench.errors import ConfigError, SslbenchError
 
@@ -359,40 +357,3 @@ def check_finite(loss: torch.Tensor, message: Callable[..., str], *context) -> f
 def autocast(device: torch.device, enabled: bool):
     """bf16 autocast on ``device`` when ``enabled`` (the engine enables it on CUDA only)."""
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
-
-
-def fit_classifier(
-    forward: Callable[[torch.Tensor], torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    images,
-    augment,
-    schedule: dict,
-    batch_size: int,
-    generators: tuple[torch.Generator, torch.Generator],
-    device: torch.device,
-    diverged: Callable[[float, int], str],
-    min_batch: int = 1,
-    batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> None:
-    """``schedule["epochs"]`` passes of cross-entropy over ``images`` (an ImageSet): each batch's
-    views (``augment``) go through ``forward`` to logits, then one optimiser step with the lr of
-    ``schedule`` at that step. ``generators`` are (data order, views); ``diverged(loss, epoch)``
-    is the message of the TrainingDiverged raised when the loss is not finite. ``batch_transform``
-    takes (views, labels) to (views, targets), where targets may be class probabilities (mixup,
-    label smoothing): cross-entropy takes either."""
-    order, views = generators
-    labels = images.labels.to(device)
-    steps_per_epoch = batch_count(len(images), batch_size, min_batch)
-    step = 0
-    for epoch in range(schedule["epochs"]):
-        for idx in shuffled_batches(len(images), batch_size, order, min_batch):
-            set_learning_rate(optimizer, schedule, step, steps_per_epoch)
-            x, targets = augment(images.load(idx).to(device), views), labels[idx.to(device)]
-            if batch_transform is not None:
-                x, targets = batch_transform(x, targets)
-            loss = F.cross_entropy(forward(x), targets)
-            check_finite(loss, diverged, epoch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1

@@ -47,8 +47,8 @@ lr times it), ``fixed_lr`` (True: the group keeps ``train.lr`` x ``lr_scale``, t
 moves it), ``weight_decay`` (default ``train.weight_decay``) and ``exclude_from_lars`` (no weight
 decay and no LARS adaptation; needs ``weight_decay: 0.0``). Every trainable parameter in exactly
 one group. ``exclude_bias_and_norm`` splits parameters the way BYOL, Barlow Twins, VICReg, MoCo v3
-and DINO do. The optimiser is ``train.optimizer`` (sgd | adamw | lars: sslbench.loop.Lars; see
-sslbench.loop for its trust ratios, ``lars_trust_ratio``, and the settings ``lars_trust_coefficient``
+and DINO do. The optimiser is ``train.optimizer`` (sgd | adamw | lars: sslbench.optim.Lars; see
+sslbench.optim for its trust ratios, ``lars_trust_ratio``, and the settings ``lars_trust_coefficient``
 and ``lars_trust_clip``).
 
 Momentum pairs (``momentum_pairs``): a list of ``(online, target)`` with ``online`` a sequence of
@@ -60,7 +60,7 @@ step, 1 - (1 - tau_base) pi^2 / (4 K^2) after the last, as BYOL's target_ema and
 cosine_scheduler; MoCo v3's code applies that tau at the next forward, one step later). The
 engine applies ``target <- tau target + (1 - tau) online`` right after each optimiser step and
 logs the last tau of each epoch as ``target_momentum``. The target is the method's to build:
-``sslbench.pretrain.momentum.frozen_copy`` copies the online modules (MoCo, MoCo v3, DINO); BYOL's official
+``sslbench.kit.momentum.frozen_copy`` copies the online modules (MoCo, MoCo v3, DINO); BYOL's official
 target is initialised on its own (build it and ``freeze`` it). The target never receives gradients
 (the engine refuses a pair whose target has trainable parameters or whose shapes differ); its
 batch-norm statistics are its own.

@@ -1,4 +1,4 @@
-"""Properties of sslbench.clustering on random inputs, with real faiss."""
+"""Properties of sslbench.kit.clustering on random inputs, with real faiss."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_mutual_info_score
 
-from sslbench.clustering import (
+from sslbench.kit.clustering import (
     KMeansResult,
     _sinkhorn_log_scalings,
     _sinkhorn_scalings,

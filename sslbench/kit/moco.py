@@ -19,9 +19,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
-from sslbench.method import projection_mlp
+from sslbench.kit.method import projection_mlp
+from sslbench.kit.momentum import frozen_copy
 from sslbench.plan.limits import split_batch_norm_problem
-from sslbench.pretrain.momentum import frozen_copy
 
 # What each MoCo version changes (facebookresearch/moco README: v2 = --mlp --moco-t 0.2 --aug-plus --cos).
 # cifar_demo: the official CIFAR-10 demo (colab/moco_cifar10_demo.ipynb): a linear head (ResNet-18's

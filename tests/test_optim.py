@@ -9,7 +9,8 @@ import torch
 from support import METHODS_DIR, REPO
 
 from sslbench.errors import ConfigError
-from sslbench.loop import (
+from sslbench.kit.method import exclude_bias_and_norm
+from sslbench.optim import (
     Lars,
     TrainingDiverged,
     batch_count,
@@ -21,7 +22,6 @@ from sslbench.loop import (
     shuffled_batches,
     warmup_steps,
 )
-from sslbench.method import exclude_bias_and_norm
 from sslbench.plan.settings import load_config, resolve_method_config
 
 
@@ -196,7 +196,7 @@ def test_lars_larc_rule_by_hand_at_a_gradient_and_at_zero():
 def test_larc_weight_decay_as_a_float32_tensor_is_apex_s_python_float_bit_for_bit():
     """apex LARC adds wd * w with wd a Python float; lars_updates multiplies by a float32 tensor of wd.
     On float32 parameters the products agree exactly, also for a wd float32 cannot hold (1e-6, 0.3)."""
-    from sslbench.loop import lars_updates
+    from sslbench.optim import lars_updates
 
     w = torch.randn(64, 33, generator=torch.Generator().manual_seed(0))
     g = torch.randn(64, 33, generator=torch.Generator().manual_seed(1))

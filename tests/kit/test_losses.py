@@ -1,4 +1,4 @@
-"""Properties of sslbench.losses on random inputs: reductions to known cases,
+"""Properties of sslbench.kit.losses on random inputs: reductions to known cases,
 hand-written formulas, naive loops, invariants."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sslbench.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes, supcon
+from sslbench.kit.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes, supcon
 
 SEEDS = [0, 1, 2]
 

@@ -72,7 +72,7 @@ def checked_momentum_pairs(pairs: list) -> list[tuple[list[nn.Module], nn.Module
         if any(p.requires_grad for p in target.parameters()):
             raise ValueError(
                 f"momentum pair {i}: the target has parameters that require grad; build it with "
-                "sslbench.pretrain.momentum.frozen_copy or freeze it (sslbench.pretrain.momentum.freeze)"
+                "sslbench.kit.momentum.frozen_copy or freeze it (sslbench.kit.momentum.freeze)"
             )
         checked.append((online, target))
     return checked

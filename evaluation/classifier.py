@@ -1,0 +1,48 @@
+"""The protocols' training loop (paper-mode linear probe, semi-supervised and MAE fine-tuning):
+cross-entropy on augmented views, one optimiser step per batch. Not a protocol (no DEFAULTS)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from sslbench.optim import batch_count, check_finite, set_learning_rate, shuffled_batches
+
+
+def fit_classifier(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    images,
+    augment,
+    schedule: dict,
+    batch_size: int,
+    generators: tuple[torch.Generator, torch.Generator],
+    device: torch.device,
+    diverged: Callable[[float, int], str],
+    min_batch: int = 1,
+    batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> None:
+    """``schedule["epochs"]`` passes of cross-entropy over ``images`` (an ImageSet): each batch's
+    views (``augment``) go through ``forward`` to logits, then one optimiser step with the lr of
+    ``schedule`` at that step. ``generators`` are (data order, views); ``diverged(loss, epoch)``
+    is the message of the TrainingDiverged raised when the loss is not finite. ``batch_transform``
+    takes (views, labels) to (views, targets), where targets may be class probabilities (mixup,
+    label smoothing): cross-entropy takes either."""
+    order, views = generators
+    labels = images.labels.to(device)
+    steps_per_epoch = batch_count(len(images), batch_size, min_batch)
+    step = 0
+    for epoch in range(schedule["epochs"]):
+        for idx in shuffled_batches(len(images), batch_size, order, min_batch):
+            set_learning_rate(optimizer, schedule, step, steps_per_epoch)
+            x, targets = augment(images.load(idx).to(device), views), labels[idx.to(device)]
+            if batch_transform is not None:
+                x, targets = batch_transform(x, targets)
+            loss = F.cross_entropy(forward(x), targets)
+            check_finite(loss, diverged, epoch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
