@@ -46,6 +46,16 @@ NOT_TIMM_BACKBONES = ("pixels",)  # sslbench.backbones builds these itself
 METHOD_BACKBONE_KEYS = ("input_filter", "args", "features")
 
 
+def with_datasets(schema: dict) -> dict:
+    """config/schema.yaml with the dataset names filled in (a dataset section's `name`): the datasets
+    sslbench.datafiles knows, the one list without torch (tests/data ties it to the loaders')."""
+    from sslbench.datafiles import FILE_SPECS
+
+    schema = copy.deepcopy(schema)
+    schema["$defs"]["dataset"]["properties"]["name"] = {"enum": list(FILE_SPECS)}
+    return schema
+
+
 def load_config(
     config_dir: str | Path,
     presets: Iterable[str | Path] = (),
@@ -96,7 +106,7 @@ def validate_config(config: dict, schema_path: str | Path, sources: list[tuple[s
             "under `datasets:` ({<label>: {name: ..., image_size: ...}}) and the ones to train on listed in "
             "`pretrain: [<label>]` (see config/default.yaml); evaluation targets are `evaluation.targets`."
         )
-    schema = with_protocols(load_yaml(schema_path))
+    schema = with_datasets(with_protocols(load_yaml(schema_path)))
     validator = schema_validator(schema)
     problems = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):

@@ -622,3 +622,15 @@ def test_a_refresh_rebuilds_a_prepared_file_made_by_code_that_has_changed(tmp_pa
     (state,) = prepared_states([path], METHODS_DIR)
     assert (state.state, state.changed) == ("stale", {"prepare": ["sslbench/data.py"]})
     assert refresh_command([state], []).endswith(f"--forcerun {path}")
+
+
+def test_one_list_of_datasets_for_the_loaders_the_file_checks_and_the_schema():
+    """The schema's dataset names are filled in from datafiles.FILE_SPECS (planning imports no torch);
+    every name there has a loader in data.DATASETS and every loader a file spec (None: shipped with a
+    package), so a dataset added to both is accepted by the plan and one added to either alone fails here."""
+    from sslbench.plan.settings import with_datasets
+
+    assert list(data.DATASETS) == list(datafiles.FILE_SPECS)
+    schema = with_datasets({"$defs": {"dataset": {"properties": {"name": {"type": "string"}}}}})
+    assert schema["$defs"]["dataset"]["properties"]["name"] == {"enum": list(datafiles.FILE_SPECS)}
+    assert set(datafiles.MULTILABEL_DATASETS) | set(datafiles.LAZY_DATASETS) <= set(data.DATASETS)
