@@ -333,7 +333,7 @@ def test_mae_one_full_batch_step_is_the_hand_computed_lars_step(checkpoint):
 
 
 def test_mae_learning_rate_warms_up_then_follows_a_cosine_per_step(checkpoint, monkeypatch):
-    import sslbench.optim
+    import evaluation.classifier
 
     used, _ = linear.resolve_paper_settings({"mode": "mae"})
     assert [used[k] for k in ("epochs", "warmup_epochs", "batch_size", "weight_decay")] == [
@@ -354,13 +354,13 @@ def test_mae_learning_rate_warms_up_then_follows_a_cosine_per_step(checkpoint, m
 
     # A fit sets these at every step, with MAE's drop_last: 120 images in batches of 32 are 3 steps an epoch.
     seen = []
-    set_lr = sslbench.optim.set_learning_rate
+    set_lr = evaluation.classifier.set_learning_rate
 
     def recording(optimizer, *args):
         set_lr(optimizer, *args)
         seen.append([group["lr"] for group in optimizer.param_groups])
 
-    monkeypatch.setattr(sslbench.optim, "set_learning_rate", recording)
+    monkeypatch.setattr(evaluation.classifier, "set_learning_rate", recording)
     ckpt = read_checkpoint(checkpoint)
     norm = ckpt["normalisation"]
     augment = ViewAugment(8, 1, norm["mean"], norm["std"], view_config("none"))
