@@ -32,15 +32,12 @@ class PlannedJob(NamedTuple):
     why: str
 
 
-def planned_jobs(
-    config_files: list[str], target: str | None = None, cwd: str | Path = "."
-) -> list[PlannedJob]:
-    """The jobs ``snakemake [--configfile ...] [target]`` would run from ``cwd``, one per job (its
-    outputs share a log file), in the order of the summary."""
+def planned_jobs(config_files: list[str], cwd: str | Path = ".") -> list[PlannedJob]:
+    """The jobs ``snakemake [--configfile ...]`` (its default target) would run from ``cwd``, one per
+    job (its outputs share a log file), in the order of the summary."""
     command = [sys.executable, "-m", "snakemake", "--summary"]
     if config_files:
         command += ["--configfile", *config_files]
-    command += [target] if target else []
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])

@@ -65,6 +65,16 @@ def results_state(root: Path) -> dict[str, str]:
     }
 
 
+def status(root: Path, *presets: str) -> subprocess.CompletedProcess:
+    """`sslbench status` in ``root`` with its tiny config, then ``presets``, as --configfile."""
+    return subprocess.run(
+        [sys.executable, "-m", "sslbench.cli", "status", "--configfile", str(root / "tiny.yaml"), *presets],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A copy of the workflow holding a finished run of simclr (ResNet), mae (its tiny ViT) and flaky."""
@@ -190,32 +200,10 @@ def test_a_configfile_that_is_no_mapping_changes_nothing_and_status_names_it(fin
     run = snakemake(finished, "results/table.csv", presets=[str(bad)])
     assert run.returncode == 1 and "Config file must be given as JSON or YAML" in run.stderr, run.stderr
     assert results_state(finished) == before
-    status = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sslbench.cli",
-            "status",
-            "--configfile",
-            str(finished / "tiny.yaml"),
-            str(bad),
-        ],
-        cwd=finished,
-        capture_output=True,
-        text=True,
-    )
-    assert status.returncode == 1
-    assert f"{bad}: expected a mapping of keys to values at the top level" in status.stderr, status.stderr
-    assert "Traceback" not in status.stderr
-
-
-def status(root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sslbench.cli", "status", "--configfile", str(root / "tiny.yaml")],
-        cwd=root,
-        capture_output=True,
-        text=True,
-    )
+    said = status(finished, str(bad))
+    assert said.returncode == 1
+    assert f"{bad}: expected a mapping of keys to values at the top level" in said.stderr, said.stderr
+    assert "Traceback" not in said.stderr
 
 
 def test_results_copied_into_a_fresh_clone_plan_nothing(finished, tmp_path):
