@@ -68,10 +68,11 @@ onstart:
 onsuccess:
     # The first command shows the result: the leaderboard, and where the rest is (the report's imports
     # are paid here, at the end, never while planning).
+    from sslbench.plan.paths import FLOOR_RECORD
     from sslbench.report.tables import finished_message
 
     with expected_errors("sslbench", print_traceback=True):
-        print(finished_message(Path("results")))
+        print(finished_message(Path("results"), BASE / FLOOR_RECORD))
 
 
 include: "rules/common.smk"

@@ -1,6 +1,7 @@
 """Each learned method's kNN margin over its own backbone's floor, on many seeds: what margins.md reports.
 
     python benchmarks/margins.py results/table.csv [--seeds 0-9] [--base-runs-only] [--metric top1_k200_t0.1]
+        [--write-record benchmarks/floor_record.csv]
 
 Reads a table of `config/margins.yaml` (or any table with the floors' seeds). Per learned method (and
 `supervised`, a reference): its mean over the chosen seeds, the margin over its floor's mean over all the
@@ -9,6 +10,8 @@ per-seed value minus the floor's mean, how many seeds fall under the floor's mea
 bar holds (mean margin >= 5 points, interval's lower end >= 2, no seed under the floor's mean), and,
 for why the floor is a distribution: the correlation of the method's value with the same seed's floor
 and the sd of the margins taken seed by seed against that of the margins against the floor's mean.
+``--write-record`` writes the record the leaderboards show beside the runs of the same settings
+(sslbench.report.stats.floor_record), from the methods on the chosen seeds and the floors on all theirs.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from sslbench.report.stats import run_floors, welch_margin
+from sslbench import atomic
+from sslbench.report.stats import floor_record, run_floors, welch_margin
 
 
 def seed_range(text: str) -> list[int]:
@@ -73,6 +77,9 @@ def main() -> None:
     parser.add_argument(
         "--base-runs-only", action="store_true", help="leave out the variants of learned methods (moco[...])"
     )
+    parser.add_argument(
+        "--write-record", default=None, help="write the record (e.g. benchmarks/floor_record.csv)"
+    )
     args = parser.parse_args()
     table = pd.read_csv(args.table)
     table = table[(table["protocol"] == args.protocol) & (table["metric"] == args.metric)]
@@ -80,7 +87,13 @@ def main() -> None:
     table = table[table["eval_dataset"] == (target or table["pretrain_dataset"])]
     if args.base_runs_only:  # a floor of another backbone is a variant of random, and stays
         table = table[(table["method"] == table["method_base"]) | (table["method_base"] == "random")]
-    rows = margin_rows(table, seed_range(args.seeds))
+    seeds = seed_range(args.seeds)
+    rows = margin_rows(table, seeds)
+    if args.write_record:
+        floors = table["method"].isin(rows["floor"])
+        chosen = table[floors | table["seed"].isin(seeds)]
+        atomic.write_text(args.write_record, floor_record(chosen).to_csv(index=False))
+        print(f"record of {len(rows)} methods on seeds {args.seeds} -> {args.write_record}\n")
     floors = table[table["method"].isin(rows["floor"])].groupby("method")["value"]
     print(f"floors ({args.protocol} {args.metric}):")
     print(floors.agg(["count", "mean", "std", "min", "max"]).round(4).to_markdown())

@@ -19,9 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from sslbench.kmeans import kmeans
+from sslbench.knn import l2_normalize
 
 from .cluster_scores import adjusted_mutual_info, adjusted_rand, normalized_mutual_info
-from .common import check_metrics, l2_normalize, resolve_settings, seed_for, unpack_features
+from .common import check_metrics, resolve_settings, seed_for, unpack_features
 
 PROTOCOL = "clustering"
 WRITES_SIDE_FILE = True  # sslbench.evaluate.run_protocol passes side_file

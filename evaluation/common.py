@@ -127,12 +127,6 @@ def _check_labels(y: np.ndarray, num_classes: int, name: str, allow_multilabel: 
         )
 
 
-def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Rows scaled to unit Euclidean norm (all-zero rows stay zero)."""
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), eps)
-
-
 def topk_accuracy(scores: np.ndarray, labels: np.ndarray, ks=(1, 5)) -> dict[int, float]:
     """Fraction of rows whose true label is among the k highest scores, for each k.
 

@@ -54,7 +54,7 @@ from evaluation.classifier import fit_classifier
 from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import view_config
 from sslbench.backbones import PIXELS, backbone_from_config, is_vit
-from sslbench.data import Dataset
+from sslbench.data.containers import Dataset
 from sslbench.distributed import select_device
 from sslbench.optim import make_optimizer
 

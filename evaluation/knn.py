@@ -1,19 +1,18 @@
 """Weighted kNN classifier on frozen features (InstDisc, Wu et al. 2018; MoCo's kNN monitor).
 
-Features are L2-normalised, so the inner product is the cosine similarity. The k most
-similar train samples vote for their class with weight exp(similarity / temperature);
-the class scores are the summed votes. Neighbours come from an exact faiss IndexFlatIP.
+The vote itself (cosine neighbours by faiss, weights exp(similarity / temperature)) is
+sslbench.knn's, which the monitor of a run in training shares.
 """
 
 from __future__ import annotations
 
-import faiss
 import numpy as np
+
+from sslbench.knn import nearest_neighbours, vote
 
 from .common import (
     check_metrics,
     check_rules,
-    l2_normalize,
     resolve_settings,
     topk_accuracy,
     unpack_features,
@@ -50,37 +49,6 @@ def knn_classify(
     check_rules(PROTOCOL, {"variants": [{"k": k, "temperature": temperature}]})
     similarities, neighbours = nearest_neighbours(train_features, test_features, k)
     return vote(similarities, neighbours, train_labels, temperature, num_classes)
-
-
-def nearest_neighbours(
-    train_features: np.ndarray, test_features: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(cosine similarities, train indices) [n_test, min(k, n_train)] of each test point's nearest
-    train points, most similar first (exact search: faiss IndexFlatIP on L2-normalised features)."""
-    train = np.ascontiguousarray(l2_normalize(train_features))
-    test = np.ascontiguousarray(l2_normalize(test_features))
-    index = faiss.IndexFlatIP(train.shape[1])
-    index.add(train)
-    return index.search(test, min(int(k), len(train)))
-
-
-def vote(
-    similarities: np.ndarray,
-    neighbours: np.ndarray,
-    train_labels: np.ndarray,
-    temperature: float,
-    num_classes: int,
-) -> np.ndarray:
-    """Class scores [n_test, num_classes]: every listed neighbour votes exp(sim / T) for its class."""
-    weights = np.exp(similarities.astype(np.float64) / temperature)
-    neighbour_labels = np.asarray(train_labels, dtype=np.int64)[neighbours]
-    scores = np.zeros((len(similarities), num_classes), dtype=np.float64)
-    rows = np.arange(len(similarities))
-    for j in range(
-        neighbours.shape[1]
-    ):  # each column touches every row once: fancy-index += has no collisions
-        scores[rows, neighbour_labels[:, j]] += weights[:, j]
-    return scores
 
 
 def variant_name(k: int, temperature: float) -> str:

@@ -208,7 +208,7 @@ def select_weight_decay(
 def evaluate(
     features: dict, settings: dict, seed: int, checkpoint_path=None, prepared=None
 ) -> tuple[dict[str, float], dict]:
-    """``prepared``: the target's prepared file (``sslbench.data.prepare_dataset``), which the image
+    """``prepared``: the target's prepared file (``sslbench.data.prepared.prepare_dataset``), which the image
     modes ("paper", "mae") read their images from instead of the dataset's own files."""
     mode = (settings or {}).get("mode", DEFAULTS["mode"])
     if mode in IMAGE_MODES:

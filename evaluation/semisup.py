@@ -45,7 +45,7 @@ from evaluation.classifier import fit_classifier
 from sslbench import atomic
 from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import view_config
-from sslbench.data import Dataset, ImageSet
+from sslbench.data.containers import Dataset, ImageSet
 from sslbench.distributed import select_device
 from sslbench.extract.features import embed, load_encoder
 from sslbench.optim import TrainingDiverged, make_optimizer

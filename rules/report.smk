@@ -1,7 +1,7 @@
 # report: the tables, figures and HTML page of the collected table, the runs' records and the papers'
 # numbers (methods/<name>/paper.yaml).
 from sslbench.provenance import code_digest, sha256_file
-from sslbench.plan.paths import REPORT_TABLES
+from sslbench.plan.paths import FLOOR_RECORD, REPORT_TABLES
 
 
 rule report:
@@ -28,9 +28,12 @@ rule report:
         paper=lambda wc: code_digest(
             {m: sha256_file(p) for m in METHODS if (p := METHODS_DIR / m / "paper.yaml").exists()}
         ),
+        # the record on many seeds the leaderboards show, by content likewise (absent: none shown)
+        record=str(BASE / FLOOR_RECORD),
+        record_digest=lambda wc: sha256_file(p) if (p := BASE / FLOOR_RECORD).exists() else "",
     localrule: True  # seconds of work: not worth a trip through a cluster queue
     log:
         "results/logs/report.log",
     shell:
         "sslbench report --results results --methods {params.methods:q} --config {params.config:q} "
-        "--out results > {log:q} 2>&1"
+        "--floor-record {params.record:q} --out results > {log:q} 2>&1"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sslbench import kernels, warm
 from sslbench.errors import expected_errors
+from sslbench.plan.paths import FLOOR_RECORD
 
 WARM_COMMANDS = (  # the jobs (sslbench.warm)
     "prepare",
@@ -44,7 +45,7 @@ def _threads(n: int | None) -> None:
 
 
 def cmd_prepare(args) -> None:
-    from sslbench.data import prepare_dataset
+    from sslbench.data.prepared import prepare_dataset
 
     prepare_dataset(args.dataset_json, args.out)
 
@@ -56,7 +57,7 @@ def cmd_pretrain(args) -> None:
     from sslbench.pretrain.trainer import pretrain
 
     run = (args.out, args.config_json, args.seed, args.method_dir, args.features_out, args.prepared)
-    if args.features_out and finished_run(*run):
+    if args.features_out and finished_run(*run, monitor=args.monitor_json):
         print(
             f"[sslbench] {args.out} holds this run, finished (same settings, seed, code and data): kept, "
             "not trained again (delete its checkpoint.pt to train it again)"
@@ -71,6 +72,7 @@ def cmd_pretrain(args) -> None:
             device=args.device,
             progress=not args.quiet,
             prepared=args.prepared,
+            monitor=args.monitor_json,
         )
         if args.features_out:  # the pretraining set's features, without a process of their own
             extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
@@ -170,7 +172,7 @@ def cmd_status(args) -> None:
 def cmd_report(args) -> None:
     from sslbench.report import build_report
 
-    path = build_report(args.results, args.methods, args.config, args.out)
+    path = build_report(args.results, args.methods, args.config, args.out, args.floor_record)
     print(f"[sslbench] report -> {path}")
 
 
@@ -230,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pretrain", help="train one method with one seed")
     p.add_argument("--method-dir", required=True)
     run_arguments(p, "checkpoint.pt, train_log.csv, run.json")
+    p.add_argument(
+        "--monitor-json",
+        type=json_argument,
+        default={"every": 0},
+        help="the config's `monitor` section (JSON): what to measure while training; default: nothing",
+    )
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("import", help="released weights as a run's checkpoint (no training)")
@@ -298,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="methods")
     p.add_argument("--config", default="config")
     p.add_argument("--out", default="results")
+    p.add_argument(
+        "--floor-record",
+        default=FLOOR_RECORD,
+        help="the record on many seeds (benchmarks/margins.py); absent: no record column",
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("bench", help="every stage as side-by-side ratios -> results/bench.csv")

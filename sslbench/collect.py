@@ -81,6 +81,8 @@ def result_rows(result: dict, methods_dir: str | Path | None = None) -> list[dic
         **{f"released_{k}": released.get(k, "") for k in RELEASED_COLUMNS},
         "method_params": json.dumps(cfg["params"], sort_keys=True),
         "augment": json.dumps(cfg.get("augment", {}), sort_keys=True),
+        # every setting the run trained with, as one name: rows of equal settings share it
+        "run_settings": code_digest(cfg),
         "train_wall_time_s": run["train_wall_time_s"],
         "images_per_s": run["images_per_s"],
         "device": run["device"],

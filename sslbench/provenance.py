@@ -111,7 +111,7 @@ def provenance(device, stage: str | None = None, method_dir: str | Path | None =
 # the current tree (`changed_files`), and `rerun_on_code_change` reruns the jobs whose files changed.
 PROJECT_PACKAGES = ("sslbench", "evaluation")
 STAGE_ENTRIES = {
-    "prepare": ("sslbench.cli", "sslbench.data"),
+    "prepare": ("sslbench.cli", "sslbench.data.prepared"),
     "pretrain": ("sslbench.cli", "sslbench.pretrain.trainer", "sslbench.extract.features"),
     "import": ("sslbench.cli", "sslbench.pretrain.released", "sslbench.extract.features"),
     "extract": ("sslbench.cli", "sslbench.extract.features"),
@@ -120,6 +120,10 @@ STAGE_ENTRIES = {
 # Their imports are not followed: the CLI imports each command lazily, the package re-exports the
 # Method contract lazily (only a method that uses it runs it, and then imports it itself).
 DISPATCH_ONLY = ("sslbench", "sslbench.cli")
+# Modules that import every module of a package at run time (pkgutil), which no import statement
+# names: a closure that reaches one holds every file of that package's folder (its modules, followed,
+# and the files they read, such as digits' split).
+DISCOVERS = {"sslbench.data.registry": "sslbench.data.datasets"}
 METHOD_FILE_PATTERNS = ("*.py", "config.yaml")
 METHODS_KEY = "methods"  # record keys of method files: methods/<folder>/<file>
 
@@ -182,12 +186,22 @@ def import_closure(entries: tuple[str, ...], extra_files: tuple[Path, ...] = ())
         if path is None:
             continue
         files.add(path)
+        if name in DISCOVERS:
+            found = package_files(DISCOVERS[name])
+            files |= set(found)
+            todo += [f"{DISCOVERS[name]}.{p.stem}" for p in found if p.suffix == ".py"]
         parts = name.split(".")
         todo += [".".join(parts[: i + 1]) for i in range(len(parts) - 1)]  # its packages run first
         if name not in DISPATCH_ONLY:
             package = name if path.name == "__init__.py" else ".".join(parts[:-1])
             todo += file_imports(path, package)
     return sorted(files)
+
+
+def package_files(package: str) -> list[Path]:
+    """Every file of a project package's folder (not its subfolders nor hidden files)."""
+    folder = module_file(package).parent
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
 def method_files(method_dir: str | Path) -> list[Path]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from sslbench.data import Dataset, ImageSet
+from sslbench.data.containers import Dataset, ImageSet
 from sslbench.plan.settings import load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ def tiny_suite_config(**train) -> dict:
 
 def tiny_digits():
     """The tiny suite's pretraining set (8x8 digits), loaded from the settings a run of it gets."""
-    from sslbench.data import load_data
+    from sslbench.data.registry import load_data
     from sslbench.plan.settings import resolve_method_config
 
     return load_data(resolve_method_config(tiny_suite_config(), METHODS_DIR, "random"))

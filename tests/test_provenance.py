@@ -101,6 +101,25 @@ def test_the_trainers_provenance_checks_the_files_of_its_method_folder(monkeypat
     assert asked[-1] == ()
 
 
+def test_the_stages_that_load_data_record_every_file_of_the_dataset_modules_folder(tmp_path):
+    """The registry imports the modules of sslbench/data/datasets/ by listing the folder, which no import
+    names: every stage that loads data records each of its files (digits' split too), and the prepare
+    job records what the planner computes for it."""
+    from sslbench.data.prepared import prepare_dataset
+    from sslbench.extract.featurefile import load_meta
+
+    folder = provenance.REPO / "sslbench" / "data" / "datasets"
+    files = {p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")}
+    assert {folder / "digits.py", folder / "digits_split.txt", folder / "voc07.py"} <= files
+    for stage, protocol in [(s, None) for s in ("prepare", "pretrain", "import", "extract")] + [
+        ("evaluate", "semisup"),
+        ("evaluate", "finetune"),
+    ]:
+        assert files <= set(code_files(stage, protocol=protocol)), (stage, protocol)
+    path = prepare_dataset({"name": "digits", "image_size": 8}, tmp_path / "digits.npz")
+    assert load_meta(path)["code"] == provenance.code_record("prepare")
+
+
 def test_a_pretrain_runs_record_is_dirty_when_its_method_folder_is_untracked(
     tmp_path, monkeypatch, method_config
 ):

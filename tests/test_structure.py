@@ -44,8 +44,8 @@ def sources(*folders: str) -> list[Path]:
 # module or a folder, and the longest that matches a module places it.
 LAYERS = [
     ["errors", "atomic", "kernels", "provenance"],
-    ["kmeans", "extract.featurefile", "datafiles", "weightfiles"],  # file formats every stage reads
-    ["data"],
+    ["kmeans", "knn", "extract.featurefile", "data.files", "weightfiles"],  # file formats every stage reads
+    ["data"],  # the dataset registry, specs, loaders (data.datasets), containers, prepared files
     ["augment", "backbones", "distributed", "optim", "plan.limits"],  # plan.limits: numbers alone
     ["sslbench", "kit", "plugins"],  # sslbench: the package itself; kit: what a method builds with
     ["plan"],
@@ -184,7 +184,9 @@ def test_planning_and_the_cached_feature_protocols_never_import_torch():
         "sslbench.plan.runs",
         "sslbench.plan.workflow",
         "sslbench.plan.backbones",  # torch only where a backbone's facts are not remembered
+        "sslbench.data.registry",  # and every dataset module, which it imports
         "sslbench.kmeans",
+        "sslbench.knn",
         "sslbench.extract.featurefile",
         "sslbench.evaluate",
         "sslbench.collect",

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from sslbench.augment.presets import BLUR_REFERENCE_SIDE
-from sslbench.data import LUMA_WEIGHTS
+from sslbench.data.images import LUMA_WEIGHTS
 
 
 def blur_kernel_size(image_size: int) -> int:

@@ -28,7 +28,7 @@ from sslbench.augment.presets import (
     ViewConfig,
 )
 from sslbench.augment.views import CropGroup
-from sslbench.data import check_uint8_batch
+from sslbench.data.images import check_uint8_batch
 
 _CROP_TRIES = 10  # torchvision's RandomResizedCrop tries 10 boxes before the fallback
 

@@ -3,7 +3,7 @@ the target's train and test splits (evaluation transform), to one file every pro
 
 A target is evaluated as the transfer literature does: its own splits and image size, the images
 normalised with the PRETRAINING set's mean and std (what the encoder was trained with), and grey or
-colour images converted to the encoder's channels (``sslbench.data.CHANNEL_CONVERSIONS``). What was
+colour images converted to the encoder's channels (``sslbench.data.images.CHANNEL_CONVERSIONS``). What was
 done is stored in the file's metadata (``eval``) and in every result row.
 
 The file format lives in ``sslbench.extract.featurefile`` (no torch), re-exported here.
@@ -20,7 +20,9 @@ from sslbench import atomic
 from sslbench import distributed as dist
 from sslbench.augment.pipeline import EvalTransform
 from sslbench.backbones import PIXELS, backbone_from_config, feature_reader
-from sslbench.data import Dataset, channel_conversion, convert_channels, load_data
+from sslbench.data.containers import Dataset
+from sslbench.data.images import channel_conversion, convert_channels
+from sslbench.data.registry import load_data
 from sslbench.distributed import select_device
 from sslbench.extract.featurefile import load_features, save_features  # noqa: F401  (re-exported)
 from sslbench.provenance import code_record, provenance
@@ -44,7 +46,7 @@ def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
 def target_data(checkpoint: dict, target: dict, prepared: str | Path | None = None) -> tuple[Dataset, dict]:
     """A target's dataset (a dataset section with its ``label``) as the checkpoint's encoder takes it,
     and the record of how: target, image size, channel conversion, normalisation. ``prepared``: the
-    target's prepared file (``sslbench.data.prepare_dataset``): the same images, already loaded, so
+    target's prepared file (``sslbench.data.prepared.prepare_dataset``): the same images, already loaded, so
     the record names the section either way."""
     data = load_data({"dataset": target}, prepared)
     source_channels = data.channels

@@ -30,4 +30,7 @@ CODE_RECORD_FILES = {
 
 
 # The tables the report writes beside table.md and report.html, as results/<name>.csv.
+# What many seeds of the same settings showed of each method against its floor (benchmarks/margins.py
+# writes it; the leaderboards show it): unlike the results, in the workflow's own folder.
+FLOOR_RECORD = "benchmarks/floor_record.csv"
 REPORT_TABLES = ("summary", "comparisons", "margins", "reproduced", "cost", "environment", "ablations")

@@ -98,7 +98,7 @@ def plan_runs(
     value a run takes is checked here (``check_method_values``, ``check_views``, ``check_subsets``);
     ``sources`` (``config_sources``) let an error name the file that set the key.
     """
-    from sslbench.datafiles import LAZY_DATASETS, missing_files
+    from sslbench.data.registry import LAZY_DATASETS, missing_files
 
     methods = list(methods)
     datasets = {label: dict(section, label=label) for label, section in config["datasets"].items()}
@@ -295,8 +295,8 @@ def check_method_sections(
 
 def check_subsets(datasets: dict[str, dict], sources: list[tuple[str, dict]]) -> None:
     """A dataset's `subset` fits its splits, where their sizes are known before loading
-    (``datafiles.split_sizes``; the others are checked when the dataset is loaded)."""
-    from sslbench.datafiles import MULTILABEL_DATASETS, split_sizes, subset_too_large
+    (``sslbench.data.registry.split_sizes``; the others are checked when the dataset is loaded)."""
+    from sslbench.data.registry import MULTILABEL_DATASETS, split_sizes, subset_too_large
 
     for label, section in datasets.items():
         subset = section.get("subset") or {}
@@ -337,8 +337,8 @@ def check_views(
 
 def train_images(section: dict) -> int | None:
     """The images of a dataset's train split as the jobs load it (its `subset`, else the split's size
-    where it is known before loading: ``datafiles.split_sizes``), or None."""
-    from sslbench.datafiles import split_sizes
+    where it is known before loading: ``sslbench.data.registry.split_sizes``), or None."""
+    from sslbench.data.registry import split_sizes
 
     subset = (section.get("subset") or {}).get("train")
     if subset:
@@ -388,7 +388,7 @@ def check_batches(
 def protocol_targets(config: dict, protocol: str, pretrain: str, datasets: dict, skipped: dict) -> list[str]:
     """The evaluation targets of one protocol for runs pretrained on ``pretrain``: its own `targets`,
     else `evaluation.targets`; `pretrain` stands for the run's own dataset."""
-    from sslbench.datafiles import MULTILABEL_DATASETS
+    from sslbench.data.registry import MULTILABEL_DATASETS
 
     section = config["evaluation"].get(protocol, {}) or {}
     key = f"evaluation.{protocol}.targets" if "targets" in section else "evaluation.targets"

@@ -48,11 +48,11 @@ METHOD_BACKBONE_KEYS = ("input_filter", "args", "features")
 
 def with_datasets(schema: dict) -> dict:
     """config/schema.yaml with the dataset names filled in (a dataset section's `name`): the datasets
-    sslbench.datafiles knows, the one list without torch (tests/data ties it to the loaders')."""
-    from sslbench.datafiles import FILE_SPECS
+    of sslbench/data/datasets/, as the registry finds them (without torch)."""
+    from sslbench.data.registry import DATASETS
 
     schema = copy.deepcopy(schema)
-    schema["$defs"]["dataset"]["properties"]["name"] = {"enum": list(FILE_SPECS)}
+    schema["$defs"]["dataset"]["properties"]["name"] = {"enum": list(DATASETS)}
     return schema
 
 

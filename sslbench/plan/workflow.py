@@ -40,10 +40,11 @@ def job_requests(sections: Mapping[str, Mapping]) -> dict[str, JobRequest]:
 
 def preflight(config: dict, plan: Plan) -> None:
     """Checks that need the data: run once before the first job, not at every plan (the backbones are
-    the plan's: ``sslbench.plan.backbones``). Every dataset the plan uses must be there (a folder
-    dataset is only looked for: reading an ImageNet-size folder is its first job's work)."""
-    from sslbench.data import DatasetError, load_data
-    from sslbench.datafiles import missing_files
+    the plan's: ``sslbench.plan.backbones``). Every dataset the plan uses must be there and load (one
+    whose spec says ``preflight_load=False`` is only looked for: reading an ImageNet-size folder is its
+    first job's work)."""
+    from sslbench.data.files import DatasetError
+    from sslbench.data.registry import DATASETS, load_data, missing_files
 
     used = {run["dataset"]["label"] for run in plan.runs.values()}
     used |= {t for targets in plan.targets.values() for t in targets}
@@ -53,7 +54,8 @@ def preflight(config: dict, plan: Plan) -> None:
             why = missing_files(section)
             if why:
                 raise DatasetError(why)
-            if section["name"] != "imagefolder":
+            spec = DATASETS.get(section["name"])
+            if spec is None or spec.preflight_load:  # an unknown name: loading says so
                 load_data({"dataset": section})
         except DatasetError as err:
             raise ConfigError(f"config key `datasets.{label}`: {err}") from err

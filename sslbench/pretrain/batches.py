@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from sslbench.data import ImageSet
+from sslbench.data.containers import ImageSet
 
 
 class InMemoryBatches:

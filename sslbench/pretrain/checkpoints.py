@@ -115,11 +115,18 @@ def save_final(out_dir: Path, checkpoint: dict) -> Path:
 
 
 def finished_run(
-    out_dir: str | Path, cfg: dict, seed: int, method_dir: str | Path, features: str | Path, prepared=None
+    out_dir: str | Path,
+    cfg: dict,
+    seed: int,
+    method_dir: str | Path,
+    features: str | Path,
+    prepared=None,
+    monitor: dict | None = None,
 ) -> bool:
     """Whether ``out_dir`` already holds this very run, finished: run.json records the same settings,
-    seed, code (``code_record``) and dataset file (``prepared_digest``), and the checkpoint and the
-    pretraining set's ``features`` read back as written. The DAG keeps a run's files in place while its
+    seed, code (``code_record``), dataset file (``prepared_digest``) and ``monitor`` settings (the
+    training would be the same, its log would not), and the checkpoint and the pretraining set's
+    ``features`` read back as written. The DAG keeps a run's files in place while its
     job reruns and puts them back when it fails (Snakemake's update()), so a setting changed and then
     set back finds its run here, and the job keeps it instead of training again."""
     from sslbench.provenance import code_record
@@ -135,6 +142,7 @@ def finished_run(
             and recorded["meta"]["seed"] == seed
             and recorded["meta"]["code"] == code_record("pretrain", method_dir)
             and recorded["meta"]["prepared_sha256"] == prepared_digest(prepared)
+            and recorded["meta"].get("monitor", {}).get("settings", {}) == (monitor or {})
         )
     except (ValueError, KeyError, TypeError):
         return False

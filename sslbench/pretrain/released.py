@@ -256,7 +256,8 @@ def import_released(cfg: dict, seed: int, out_dir: str | Path, prepared: str | P
     loaded strictly, the normalisation the release was trained with (ImageNet's) or the pretraining
     set's own, and run.json as the trainer writes it, with the file's name, format and sha256."""
     from sslbench.backbones import backbone_from_config
-    from sslbench.data import dataset_stats, load_data
+    from sslbench.data.images import dataset_stats
+    from sslbench.data.registry import load_data
     from sslbench.plan.settings import dataset_label
     from sslbench.provenance import code_record, provenance, sha256_file
 

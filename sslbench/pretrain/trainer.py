@@ -23,7 +23,9 @@ from sslbench import distributed as dist
 from sslbench.augment.pipeline import EvalTransform, MultiViewAugment
 from sslbench.augment.views import check_view_groups, view_groups
 from sslbench.backbones import backbone_from_config
-from sslbench.data import Dataset, dataset_stats, load_data
+from sslbench.data.containers import Dataset
+from sslbench.data.images import dataset_stats
+from sslbench.data.registry import load_data
 from sslbench.errors import ConfigError
 from sslbench.kit.method import DataInfo, EpochContext, Method, checked_param_groups
 from sslbench.kit.momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
@@ -40,6 +42,8 @@ from sslbench.plan.settings import dataset_label
 from sslbench.plugins import load_method_class
 from sslbench.pretrain.batches import batch_source
 from sslbench.pretrain.checkpoints import CHECKPOINT_DIR, EpochCheckpoints, prepared_digest, save_final
+from sslbench.pretrain.monitors import COLUMNS as MONITOR_COLUMNS
+from sslbench.pretrain.monitors import Monitor
 from sslbench.provenance import code_record, provenance
 
 
@@ -111,8 +115,11 @@ class Trainer:
         device: str = "auto",
         progress: bool = True,
         prepared: str | Path | None = None,
+        monitor: dict | None = None,
     ):
         self.cfg, self.seed, self.out_dir = cfg, seed, Path(out_dir)
+        self.monitor_settings = monitor or {}  # the config's `monitor` section: not a training setting
+        self.monitor = Monitor(**self.monitor_settings)
         self.method_dir = Path(method_dir)
         self.train_cfg = cfg["train"]
         self.device = dist.init_from_env(device)
@@ -347,6 +354,7 @@ class Trainer:
             "images_per_s": seen / step_seconds,
             "seconds": step_seconds + hook_seconds,
             "hook_seconds": hook_seconds,
+            "peak_memory_mb": self.peak_memory_mb(),
             **ctx.log,
         }
         self.log_rows.append(row)
@@ -364,6 +372,8 @@ class Trainer:
             )
         while self.state.epoch < epochs:
             row = self.train_epoch()
+            if self.monitor.due(row["epoch"], epochs):
+                row.update(self.monitor_row())
             self.save_epoch_checkpoint()
             self._write_log()
             if self.progress:
@@ -374,17 +384,46 @@ class Trainer:
         self._write_log()
         return self.save_final(time.perf_counter() - start)
 
+    def monitor_row(self) -> dict[str, float]:
+        """The monitors (``sslbench.pretrain.monitors``) on the encoder's features of the train split,
+        and what measuring them cost (not counted in the epoch's seconds)."""
+        start = time.perf_counter()
+        features = self.forward_train_set(self.method.encoder()).cpu().numpy()
+        row = self.monitor.measure(features, self.labels.cpu().numpy(), self.data.num_classes)
+        return {**row, "monitor_seconds": time.perf_counter() - start}
+
+    def monitor_summary(self) -> dict:
+        """run.json's record of the monitors: their settings, and what they measured after the last
+        epoch they ran (empty when they never ran)."""
+        measured = [r for r in self.log_rows if MONITOR_COLUMNS[0] in r]
+        last = {k: measured[-1][k] for k in ("epoch", *MONITOR_COLUMNS)} if measured else {}
+        return {"settings": self.monitor_settings, "last": last}
+
+    def peak_memory_mb(self) -> float:
+        """The epoch's peak of allocated GPU memory (then reset), or on a CPU the process's peak
+        resident memory so far (Linux's ru_maxrss, in KiB)."""
+        if self.on_cuda:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return peak / 2**20
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     def _write_log(self) -> None:
         if not dist.is_main():
             return
         import pandas as pd
 
-        columns = ["epoch", "loss", "lr", "images_per_s", "seconds", "hook_seconds"]
+        columns = ["epoch", "loss", "lr", "images_per_s", "seconds", "hook_seconds", "peak_memory_mb"]
         frame = pd.DataFrame(self.log_rows, columns=None if self.log_rows else columns)
         atomic.write_text(self.out_dir / "train_log.csv", frame.to_csv(index=False))
 
     def save_final(self, wall_time: float) -> Path:
-        peak = torch.cuda.max_memory_allocated(self.device) if self.on_cuda else None
+        peak = None
+        if self.on_cuda:  # the epochs' peaks (each epoch resets the counter) and the end's
+            epochs = [int(r["peak_memory_mb"] * 2**20) for r in self.log_rows if "peak_memory_mb" in r]
+            peak = max([torch.cuda.max_memory_allocated(self.device), *epochs])
         meta = {
             "method": self.cfg["method"],
             "dataset": dataset_label(self.cfg),
@@ -405,6 +444,7 @@ class Trainer:
                 sum(r["images_per_s"] for r in self.log_rows) / len(self.log_rows) if self.log_rows else None
             ),
             "peak_gpu_memory_bytes": peak,
+            "monitor": self.monitor_summary(),
             "fast_paths": self.fast_paths(),
             **provenance(self.device, "pretrain", self.method_dir),  # git_dirty: also its untracked files
             "code": code_record("pretrain", self.method_dir),  # the files this job ran, with their sha256

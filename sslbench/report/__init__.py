@@ -13,21 +13,33 @@ from pathlib import Path
 from sslbench import atomic
 from sslbench.report.figures import draw_ablations, draw_figures
 from sslbench.report.page import render_page
-from sslbench.report.tables import ReportInputError, compute_tables, read_runs, read_table, write_tables
+from sslbench.report.tables import (
+    ReportInputError,
+    compute_tables,
+    read_floor_record,
+    read_runs,
+    read_table,
+    write_tables,
+)
 
 __all__ = ["ReportInputError", "build_report"]
 
 
 def build_report(
-    results_dir: str | Path, methods_dir: str | Path, config_dir: str | Path, out_dir: str | Path
+    results_dir: str | Path,
+    methods_dir: str | Path,
+    config_dir: str | Path,
+    out_dir: str | Path,
+    floor_record: str | Path | None = None,
 ) -> Path:
     """Write summary.csv, comparisons.csv, margins.csv, reproduced.csv, cost.csv, environment.csv,
     ablations.csv, table.md, figures/*.png and report.html into ``out_dir``; return the path of
-    report.html."""
+    report.html. ``floor_record``: the record on many seeds the leaderboards show (where it exists)."""
     results_dir, out_dir = Path(results_dir), Path(out_dir)
     table = read_table(results_dir)
     runs = read_runs(results_dir, table)
-    tables = compute_tables(table, runs, results_dir, methods_dir, config_dir)
+    record = read_floor_record(floor_record)
+    tables = compute_tables(table, runs, results_dir, methods_dir, config_dir, record)
     write_tables(tables, out_dir)
     figures = {pair: draw_figures(pair, tables, runs, out_dir / "figures") for pair in tables.pairs}
     ablations = draw_ablations(tables.ablations, out_dir / "figures")

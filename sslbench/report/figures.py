@@ -5,6 +5,7 @@ wrote beside its result (eval/clustering.npz), E-step clusters from the checkpoi
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
@@ -147,7 +148,7 @@ def ablation_figure(setting: str, rows: pd.DataFrame):
         ax.set_xlabel(setting)
         ax.set_ylabel("%")
         ax.legend(fontsize=7)
-    fig.suptitle(f"{setting}: mean over seeds, error bars 95% CI", fontsize=10)
+    fixed_layout(fig, axes, f"{setting}: mean over seeds, error bars 95% CI")
     return fig
 
 
@@ -172,15 +173,159 @@ def method_marker(colours: dict[str, tuple], method: str) -> str:
 
 
 def new_figure(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3):
+    """A figure of ``panels`` panels, ``columns`` to a row; ``fixed_layout`` places them once drawn on.
+    No layout engine: constrained layout measures every artist of every panel in a draw of its own
+    before the one that paints, most of the report's time on grids of many panels."""
     from matplotlib.figure import Figure  # the Agg canvas: no display, no global pyplot state
 
     columns = max(1, min(columns, panels))
     rows = math.ceil(panels / columns)
-    fig = Figure(figsize=(width * columns, height * rows), layout="constrained")
-    axes = fig.subplots(rows, columns, squeeze=False).ravel()
-    for ax in axes[panels:]:
-        ax.set_visible(False)
-    return fig, axes[:panels]
+    fig = Figure(figsize=(width * columns, height * rows))
+    grid = fig.add_gridspec(rows, columns)
+    return fig, [fig.add_subplot(grid[i // columns, i % columns]) for i in range(panels)]  # none hidden
+
+
+POINT = 1 / 72  # inch
+PAD = 4 * POINT  # between what surrounds a panel and its neighbour's, and at the figure's edges
+MIN_PANEL = 0.3  # of its cell: the least a panel keeps where labels would take more
+
+
+def fixed_layout(fig, axes, suptitle: str | None = None, fontsize: float = 10) -> None:
+    """Place the panels of ``new_figure`` (and the figure's title, if any) with room for what surrounds
+    each: its title, tick labels, axis labels, measured from their text as the draw will lay them out.
+    Every panel gets the largest room any needs, as constrained layout would give it, without a draw.
+    Like constrained layout, the width of a title or an x label and the height of a y label take no
+    room."""
+    rows, columns = axes[0].get_subplotspec().get_gridspec().get_geometry()
+    width, height = fig.get_size_inches()
+    top = PAD
+    if suptitle is not None:
+        title = fig.suptitle(suptitle, fontsize=fontsize, y=1 - PAD / height, verticalalignment="top")
+        top += extent(title)[1] + PAD
+    around = np.zeros(4)  # left, right, above, below: what sticks out of every panel's frame
+    # measured twice: tick labels depend on the panel's size, x labels' overhang on its width
+    for measure in (True, True, False):
+        left, right, above, below = around
+        w = fitted(width, columns, PAD + left, PAD + right, left + right + 2 * PAD)
+        h = fitted(height, rows, top + above, PAD + below, above + below + 2 * PAD)
+        fig.subplots_adjust(
+            left=w.start / width,
+            right=1 - w.end / width,
+            bottom=h.end / height,
+            top=1 - h.start / height,
+            wspace=w.gap / w.panel,
+            hspace=h.gap / h.panel,
+        )
+        if measure:
+            around = np.max([surroundings(ax, w.panel) for ax in axes], axis=0)
+    for ax in axes:
+        if (
+            ax.get_title()
+            and not ax.yaxis.major.formatter.get_offset()
+            and ax.xaxis.get_ticks_position() == "bottom"
+        ):
+            # at the frame's top, where each draw would put it after measuring the y axis again
+            ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), y=1.0)
+
+
+@dataclass
+class Span:
+    """One direction of a grid, in inches: margins at its start and end, the gap between panels and
+    each panel's size."""
+
+    start: float
+    end: float
+    gap: float
+    panel: float
+
+
+def fitted(size: float, count: int, start: float, end: float, gap: float) -> Span:
+    """``count`` panels between margins ``start`` and ``end`` with ``gap`` between them; where they
+    would leave a panel less than MIN_PANEL of its cell, margins and gaps shrink in proportion."""
+    room = start + end + (count - 1) * gap
+    least = MIN_PANEL * size / count
+    scale = min(1.0, (size - count * least) / room) if room > 0 else 1.0
+    start, end, gap = start * scale, end * scale, gap * scale
+    return Span(start, end, gap, (size - start - end - (count - 1) * gap) / count)
+
+
+def surroundings(ax, width: float) -> tuple[float, float, float, float]:
+    """What sticks out of one panel's frame, in inches: left, right, above, below, for a panel
+    ``width`` inches wide. Tick labels as the axes' locators and formatters give them, with the first
+    tick's font, rotation and alignment (every tick copies it)."""
+    import matplotlib as mpl
+
+    left = right = above = below = 0.0
+    if ax.title.get_text():
+        above = extent(ax.title)[1] + mpl.rcParams["axes.titlepad"] * POINT
+    ticks, offset = tick_labels(ax.yaxis)
+    if ticks:
+        tick = ax.yaxis.majorTicks[0]
+        labels = max(extent(tick.label1, text)[0] for _, text in ticks)
+        left = max(left, labels + (tick.get_tick_padding() + tick.get_pad()) * POINT)
+    if offset:  # above the panel's top left; the title moves up over it
+        above += extent(ax.yaxis.offsetText, offset)[1]
+    if ax.yaxis.label.get_visible() and ax.yaxis.label.get_text():
+        left += extent(ax.yaxis.label)[0] + ax.yaxis.labelpad * POINT
+    ticks, offset = tick_labels(ax.xaxis)
+    if ticks:
+        tick = ax.xaxis.majorTicks[0]
+        boxes = [(at, *extent(tick.label1, text)) for at, text in ticks]  # place, width, height
+        below = max(high for _, _, high in boxes) + (tick.get_tick_padding() + tick.get_pad()) * POINT
+        # the share of a label's width left and right of its tick
+        share = {"left": (0.0, 1.0), "center": (0.5, 0.5), "right": (1.0, 0.0)}[tick.label1.get_ha()]
+        left = max(left, *(share[0] * wide - at * width for at, wide, _ in boxes))
+        right = max(right, *(share[1] * wide - (1 - at) * width for at, wide, _ in boxes))
+    if offset:
+        below += extent(ax.xaxis.offsetText, offset)[1]
+    if ax.xaxis.label.get_visible() and ax.xaxis.label.get_text():
+        below += extent(ax.xaxis.label)[1] + ax.xaxis.labelpad * POINT
+    return left, right, above, below
+
+
+def tick_labels(axis) -> tuple[list[tuple[float, str]], str]:
+    """The major tick labels ``axis`` will draw, each with its place along the panel (0 to 1), and the
+    axis' offset text: what the draw computes, from the same locator and formatter."""
+    locs = axis.get_majorticklocs()
+    if not len(locs) or not axis.majorTicks[0].label1.get_visible():
+        return [], ""
+    texts = axis.major.formatter.format_ticks(locs)
+    low, high = axis.get_transform().transform(sorted(axis.get_view_interval()))
+    slack = (high - low) * 1e-10  # matplotlib's own tolerance for a tick at an edge
+    places = axis.get_transform().transform(np.asarray(locs, float))
+    ticks = [
+        ((at - low) / (high - low) if high > low else 0.5, text)
+        for at, text in zip(places, texts)
+        if low - slack <= at <= high + slack and text
+    ]
+    return ticks, axis.major.formatter.get_offset()
+
+
+def extent(text, string: str | None = None) -> tuple[float, float]:
+    """Width and height in inches of a matplotlib Text's box (rotated as it is), or of ``string`` in
+    its font and rotation, as the Agg renderer lays it out."""
+    string = text.get_text() if string is None else string
+    return text_box(string, text.get_fontproperties().copy(), text.get_rotation())
+
+
+@functools.cache  # the same tick labels, method names and titles recur across panels and figures
+def text_box(string: str, font, rotation: float) -> tuple[float, float]:
+    from matplotlib.text import Text
+
+    figure, renderer = measuring()
+    text = Text(text=string, fontproperties=font, rotation=rotation)
+    text.set_figure(figure)
+    box = text.get_window_extent(renderer, dpi=72)  # at 72 dpi a pixel is a point
+    return box.width * POINT, box.height * POINT
+
+
+@functools.cache
+def measuring():
+    """A figure and an Agg renderer at 72 dpi, to lay out texts on no figure of their own."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.figure import Figure
+
+    return Figure(dpi=72), RendererAgg(1, 1, 72)
 
 
 def png_bytes(fig) -> bytes:
@@ -212,8 +357,8 @@ def bar_chart(summary: pd.DataFrame, pair: tuple[str, str], colours: dict):
         ax.set_xticks(range(len(means)), means.index, rotation=30, ha="right")
         ax.set_title(column, fontsize=10)
         ax.set_ylabel("%")
-    fig.suptitle(
-        f"{pair_name(*pair)}: mean over seeds, error bars 95% CI (Student t; none with one seed)", fontsize=10
+    fixed_layout(
+        fig, axes, f"{pair_name(*pair)}: mean over seeds, error bars 95% CI (Student t; none with one seed)"
     )
     return fig
 
@@ -244,6 +389,7 @@ def lowshot_curves(table: pd.DataFrame, dataset: str, colours: dict):
         f"{dataset}: low-shot SVM; line: mean over seeds, band: min–max over samples and seeds", fontsize=9
     )
     ax.legend(fontsize=8)
+    fixed_layout(fig, [ax])
     return fig
 
 
@@ -266,6 +412,7 @@ def training_curves(runs: list[Run], dataset: str, colours: dict):
         ax.set_xlabel("epoch")
         ax.set_title(f"{dataset}: {label} (mean over seeds)", fontsize=10)
         ax.legend(fontsize=8)
+    fixed_layout(fig, axes)
     return fig
 
 
@@ -297,8 +444,8 @@ def tsne_maps(sides: dict[str, dict], dataset: str):
         ax.set_title(f"{method} ({len(xy)} test images)", fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle(
-        f"{dataset}: t-SNE of test features (seed {seeds_note(sides)}), coloured by class", fontsize=10
+    fixed_layout(
+        fig, axes, f"{dataset}: t-SNE of test features (seed {seeds_note(sides)}), coloured by class"
     )
     return fig
 
@@ -324,7 +471,7 @@ def size_panels(panels: list[tuple[str, np.ndarray]], title: str):
         ax.set_xlabel("cluster (largest first)")
         ax.set_ylabel("images")
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    fixed_layout(fig, axes, title)
     return fig
 
 

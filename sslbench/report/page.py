@@ -129,15 +129,13 @@ def methods_table_html(cells: pd.DataFrame, best: dict[str, set[str]], table_id:
     return html_table(mark_stale(cells, stale).reset_index(), table_id, bold)
 
 
-def comparison_cell(parts: dict[str, pd.DataFrame], row: str, column: str) -> str:
-    """One cell of a methods × methods matrix: row − column in % points, coloured by sign (a tie is
-    white), strong where Holm's correction resolves it, pale within noise, italic where it is the
-    same on every seed (exact); the interval and p-values in its title."""
+def comparison_cell(row: str, column: str, diff, low, high, p, p_adjusted, n) -> str:
+    """One cell of a methods × methods matrix (``comparison_matrix``'s values at row, column): row −
+    column in % points, coloured by sign (a tie is white), strong where Holm's correction resolves it,
+    pale within noise, italic where it is the same on every seed (exact); the interval and p-values
+    in its title."""
     if row == column:
         return '<td class="self"></td>'
-    diff, low, high, p, p_adjusted, n = (
-        parts[k].loc[row, column] for k in ("diff", "ci_low", "ci_high", "p", "p_adjusted", "n")
-    )
     if not pd.notna(diff):
         return f'<td class="untested">{MISSING}</td>'
     side = "better" if diff > 0 else "worse" if diff < 0 else "tie"
@@ -155,12 +153,14 @@ def comparison_matrix_html(
 ) -> str:
     parts = comparison_matrix(comparisons, pair, protocol, metric)
     methods = list(parts["diff"].index)
+    # one array per statistic: a cell reads six numbers by position, not six labelled look-ups
+    grids = [parts[k].to_numpy() for k in ("diff", "ci_low", "ci_high", "p", "p_adjusted", "n")]
     head = "<th></th>" + "".join(f'<th class="col">{html.escape(m)}</th>' for m in methods)
     body = [
         f'<tr><th class="text">{html.escape(row)}</th>'
-        + "".join(comparison_cell(parts, row, c) for c in methods)
+        + "".join(comparison_cell(row, c, *(g[i, j] for g in grids)) for j, c in enumerate(methods))
         + "</tr>"
-        for row in methods
+        for i, row in enumerate(methods)
     ]
     table_id = f"matrix-{pair_id(*pair)}-{protocol}-{metric}"
     return (

@@ -19,6 +19,7 @@ and a mean paired difference that small is exactly 0 (a tie, never "+0.0").
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,21 +166,38 @@ def paired_test(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     difference exact ("A > B (exact)": A is above B on every seed, with no probability attached);
     it enters no multiple-testing family.
     """
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    diff = a - b
-    n = len(diff)
-    mean = float(diff.mean())
-    if within_roundoff(mean, a, b):
-        mean = 0.0
-    if n < 2:
-        return {"mean_diff": mean, "ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan}
-    if within_roundoff(np.ptp(diff), a, b):
-        return {"mean_diff": mean, "ci_low": mean, "ci_high": mean, "p_value": math.nan}
-    sd = float(diff.std(ddof=1))
-    half = ci95_halfwidth(sd, n)
-    t = float(diff.mean()) / (sd / math.sqrt(n))
-    p = float(2 * scipy_stats.t.sf(abs(t), n - 1))
-    return {"mean_diff": mean, "ci_low": mean - half, "ci_high": mean + half, "p_value": p}
+    return paired_tests([(a, b)])[0]
+
+
+def paired_tests(pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[dict[str, float]]:
+    """``paired_test`` of each (a, b): each pair's differences in numpy, then Student's t quantiles and
+    tails of all of them in one scipy call each (a call costs far more than its arithmetic); every
+    value the same bits as one pair at a time."""
+    out, tested = [], []
+    for a, b in pairs:
+        a, b = np.asarray(a, float), np.asarray(b, float)
+        diff = a - b
+        n = len(diff)
+        mean = float(diff.mean())
+        if within_roundoff(mean, a, b):
+            mean = 0.0
+        if n < 2:
+            out.append({"mean_diff": mean, "ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan})
+        elif within_roundoff(np.ptp(diff), a, b):
+            out.append({"mean_diff": mean, "ci_low": mean, "ci_high": mean, "p_value": math.nan})
+        else:
+            sd = float(diff.std(ddof=1))
+            t = float(diff.mean()) / (sd / math.sqrt(n))
+            tested.append((len(out), mean, sd, n, t))
+            out.append({})
+    if tested:
+        at, mean, sd, n, t = (np.array(column) for column in zip(*tested))
+        quantiles = scipy_stats.t.ppf(0.975, n - 1)
+        tails = scipy_stats.t.sf(np.abs(t), n - 1)
+        for i, m, s, k, q, tail in zip(at, mean.tolist(), sd.tolist(), n.tolist(), quantiles, tails):
+            half = float(q * s / math.sqrt(k)) if math.isfinite(s) else math.nan  # ci95_halfwidth
+            out[i] = {"mean_diff": m, "ci_low": m - half, "ci_high": m + half, "p_value": float(2 * tail)}
+    return out
 
 
 def comparison_kind(n: float, p_adjusted: float, alpha: float = ALPHA) -> str:
@@ -244,12 +262,19 @@ def compare_family(data: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
     Holm-adjusted together."""
     wide = data.pivot(index="seed", columns="method", values="value")
     pretrain, target = data[PAIR].iloc[0]
-    rows = []
-    for a, b in itertools.combinations(sorted(wide.columns), 2):
-        pair = wide[[a, b]].dropna()
-        if len(pair):
-            test = paired_test(pair[a].to_numpy(), pair[b].to_numpy())
-            rows.append({"method_a": a, "method_b": b, **test, "n": len(pair)})
+    methods = sorted(wide.columns)
+    values = wide[methods].to_numpy(float)  # seeds × methods, NaN where a method lacks a seed
+    present = ~np.isnan(values)
+    names, pairs = [], []
+    for i, j in itertools.combinations(range(len(methods)), 2):
+        shared = present[:, i] & present[:, j]  # the seeds both have
+        if shared.any():
+            names.append((methods[i], methods[j]))
+            pairs.append((values[shared, i], values[shared, j]))
+    rows = [
+        {"method_a": a, "method_b": b, **test, "n": len(x)}
+        for (a, b), (x, _), test in zip(names, pairs, paired_tests(pairs))
+    ]
     family = pd.DataFrame(
         rows, columns=["method_a", "method_b", "mean_diff", "ci_low", "ci_high", "p_value", "n"]
     )
@@ -503,6 +528,116 @@ def margins(table: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
     return out[MARGIN_COLUMNS]
 
 
+# --------------------------------------------------------------------------- the record on many seeds
+# A run of three seeds cannot say whether a method beats its floor on every seed. What many seeds of
+# the same settings showed is measured once (benchmarks/margins.py writes the record) and shown on the
+# leaderboard beside the runs whose settings (`run_settings`, every setting of the run's training) are
+# those it was measured with; a run of other settings is not named by it.
+RECORD_COLUMNS = [
+    *PAIR,
+    "protocol",
+    "metric",
+    "method",
+    "run_settings",
+    "seeds",
+    "n",
+    "floor_n",
+    "margin",
+    "ci_low",
+    "ci_high",
+    "seeds_under_floor_mean",
+    "verdict",
+    "git_commit",
+    "processor",
+]
+RECORD_SHOWN = ["seeds", "n", "margin", "ci_low", "ci_high", "seeds_under_floor_mean", "verdict"]
+# The bar a method is held to on many seeds: a mean margin of at least 5 points over its floor's mean,
+# the interval's lower end at least 2, and no seed under the floor's mean.
+BAR_MARGIN, BAR_LOW = 0.05, 0.02
+BEATS, ON_AVERAGE, NOT_SHOWN = (
+    "beats its floor on every seed",
+    "beats it on average, not on every seed",
+    "does not beat it at this budget",
+)
+
+
+def record_verdict(margin: float, ci_low: float, seeds_under: int) -> str:
+    """What many seeds say of a method against its floor (BAR_MARGIN, BAR_LOW): BEATS, ON_AVERAGE
+    (the margin clears the bar but some seed falls under the floor's mean) or NOT_SHOWN."""
+    if not (margin >= BAR_MARGIN and ci_low >= BAR_LOW):
+        return NOT_SHOWN
+    return BEATS if seeds_under == 0 else ON_AVERAGE
+
+
+def seed_list(seeds) -> str:
+    """Seeds as ranges: [0, 1, 2, 5] → "0-2, 5"."""
+    ordered, runs = sorted({int(s) for s in seeds}), []
+    for seed in ordered:
+        if runs and seed == runs[-1][1] + 1:
+            runs[-1][1] = seed
+        else:
+            runs.append([seed, seed])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def run_settings(table: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """{(pretraining dataset, method): its run_settings} where all its rows share one (a table
+    written before the column existed, or a method whose seeds ran different settings, has none)."""
+    if "run_settings" not in table:
+        return {}
+    found = table.groupby(["pretrain_dataset", "method"])["run_settings"].unique()
+    return {key: str(values[0]) for key, values in found.items() if len(values) == 1}
+
+
+def processor(cpu_kernels: str) -> str:
+    """The processor a row ran on, from its `cpu_kernels` record (sslbench.kernels), else ""."""
+    try:
+        return str(json.loads(cpu_kernels).get("cpu") or "")
+    except (TypeError, ValueError, AttributeError):
+        return ""
+
+
+def floor_record(table: pd.DataFrame) -> pd.DataFrame:
+    """The record of a many-seed table: every learned method's margin (``margins``) on its seeds, with
+    the seeds named, its verdict on the bar (``record_verdict``), its settings and the commits and
+    processors it ran on."""
+    rows = margins(table)
+    rows = rows[rows["role"] == "learned"]
+    settings = run_settings(table)
+    by_run = table.assign(processor=table.get("cpu_kernels", pd.Series("", index=table.index)).map(processor))
+    by_run = by_run.groupby([*PAIR, "method"])
+    keys = list(zip(rows["pretrain_dataset"], rows["eval_dataset"], rows["method"]))
+    joined = {
+        c: by_run[c].agg(lambda v: " ".join(sorted(set(map(str, v))))) for c in ("git_commit", "processor")
+    }
+    out = rows.assign(
+        run_settings=[settings.get((p, m), "") for p, _, m in keys],
+        seeds=[seed_list(by_run["seed"].unique()[k]) for k in keys],
+        verdict=[
+            record_verdict(*v) for v in zip(rows["margin"], rows["ci_low"], rows["seeds_under_floor_mean"])
+        ],
+        **{c: [joined[c][k] for k in keys] for c in joined},
+    )
+    return out[RECORD_COLUMNS].reset_index(drop=True)
+
+
+def record_of(
+    record: pd.DataFrame | None, settings: dict, pair: tuple[str, str], protocol: str, metric: str
+) -> pd.DataFrame:
+    """The record's rows (RECORD_SHOWN, by method) of one leaderboard: a dataset pair on one metric,
+    the methods whose runs here have the settings the record was measured with."""
+    if record is None or record.empty:
+        return pd.DataFrame(columns=RECORD_SHOWN, index=pd.Index([], name="method"))
+    rows = record[
+        (record["pretrain_dataset"] == pair[0])
+        & (record["eval_dataset"] == pair[1])
+        & (record["protocol"] == protocol)
+        & (record["metric"] == metric)
+    ]
+    same = [settings.get((pair[0], m)) == s for m, s in zip(rows["method"], rows["run_settings"])]
+    return rows[same].set_index("method")[RECORD_SHOWN]
+
+
 # --------------------------------------------------------------------------- leaderboard
 @dataclass
 class Leaderboard:
@@ -535,16 +670,23 @@ LEADERBOARD_COLUMNS = [
     "seeds_under_floor_mean",
     "no_floor",
     "backbone",
+    *(f"record_{c}" for c in RECORD_SHOWN),
 ]
 
 
 def leaderboard(
-    summary: pd.DataFrame, margin_rows: pd.DataFrame, floors: pd.DataFrame, pair: tuple[str, str]
+    summary: pd.DataFrame,
+    margin_rows: pd.DataFrame,
+    floors: pd.DataFrame,
+    pair: tuple[str, str],
+    record: pd.DataFrame | None = None,
+    settings: dict | None = None,
 ) -> Leaderboard | None:
     """The leaderboard of a dataset pair on the first headline metric any of its methods has (None
     where it has none): the learned methods by mean (``summary``), best first (ties by label), ranked
-    1, 2, …, with their margins (``margins``); then, unranked, the references: each floor, supervised's
-    runs (with their margins), pixels."""
+    1, 2, …, with their margins (``margins``) and what the record on many seeds says of those with
+    the same ``settings`` (``record_of``: record_* columns); then, unranked, the references: each
+    floor, supervised's runs (with their margins), pixels."""
     of_pair = summary[(summary["pretrain_dataset"] == pair[0]) & (summary["eval_dataset"] == pair[1])]
     present = set(zip(of_pair["protocol"], of_pair["metric"]))
     chosen = next(((lab, p, m) for lab, p, m in HEADLINE if (p, m) in present), None)
@@ -567,14 +709,22 @@ def leaderboard(
     rows[["role", "no_floor", "backbone"]] = runs.loc[order, ["role", "no_floor", "backbone"]]
     rows["rank"] = [*range(1, len(ranked) + 1), *[math.nan] * len(references)]
     rows[["floor", "verdict"]] = rows[["floor", "verdict"]].fillna("")
+    recorded = record_of(record, settings or {}, pair, protocol, metric).reindex(order)
+    rows[[f"record_{c}" for c in RECORD_SHOWN]] = recorded.to_numpy()
     return Leaderboard(pair, label, rows.rename_axis("method").reset_index()[LEADERBOARD_COLUMNS])
 
 
 def leaderboards(
-    table: pd.DataFrame, summary: pd.DataFrame, margin_rows: pd.DataFrame, floors: pd.DataFrame
+    table: pd.DataFrame,
+    summary: pd.DataFrame,
+    margin_rows: pd.DataFrame,
+    floors: pd.DataFrame,
+    record: pd.DataFrame | None = None,
 ) -> list[Leaderboard]:
-    """The leaderboard of every dataset pair of the table that has a headline metric."""
-    boards = (leaderboard(summary, margin_rows, floors, pair) for pair in pairs(table))
+    """The leaderboard of every dataset pair of the table that has a headline metric, each beside
+    the ``record`` on many seeds (``floor_record``) where the runs' settings are the recorded ones."""
+    settings = run_settings(table)
+    boards = (leaderboard(summary, margin_rows, floors, pair, record, settings) for pair in pairs(table))
     return [board for board in boards if board is not None]
 
 
@@ -886,14 +1036,26 @@ def comparison_matrix(comparisons: pd.DataFrame, pair: tuple[str, str], protocol
     p. NaN on the diagonal and where two methods share no seed."""
     rows = family_rows(comparisons, pair, protocol, metric)
     methods = sorted(set(rows["method_a"]) | set(rows["method_b"]))
+    place = {method: i for i, method in enumerate(methods)}
+    a = rows["method_a"].map(place).to_numpy(int)
+    b = rows["method_b"].map(place).to_numpy(int)
+    statistics = ("mean_diff", "ci_low", "ci_high", "p_value", "p_adjusted", "n")
+    value = {c: rows[c].to_numpy(float) for c in statistics}
+    both = {  # (row a, column b; row b, column a)
+        "diff": (value["mean_diff"], -value["mean_diff"]),
+        "ci_low": (value["ci_low"], -value["ci_high"]),
+        "ci_high": (value["ci_high"], -value["ci_low"]),
+        "p": (value["p_value"], value["p_value"]),
+        "p_adjusted": (value["p_adjusted"], value["p_adjusted"]),
+        "n": (value["n"], value["n"]),
+    }
     index = pd.Index(methods, name="method")
-    keys = ("diff", "ci_low", "ci_high", "p", "p_adjusted", "n")
-    out = {k: pd.DataFrame(np.nan, index=index, columns=methods) for k in keys}
-    columns = ["method_a", "method_b", "mean_diff", "ci_low", "ci_high", "p_value", "p_adjusted", "n"]
-    for a, b, diff, low, high, p, p_adjusted, n in rows[columns].itertuples(index=False):
-        for row, column, signed in ((a, b, (diff, low, high)), (b, a, (-diff, -high, -low))):
-            for k, value in zip(keys, (*signed, p, p_adjusted, n)):
-                out[k].loc[row, column] = value
+    out = {}
+    for key, (forward, mirror) in both.items():
+        grid = np.full((len(methods), len(methods)), np.nan)
+        grid[a, b], grid[b, a] = forward, mirror
+        grid[np.isnan(grid)] = np.nan  # the negated missing ones too: NaN without a sign bit
+        out[key] = pd.DataFrame(grid, index=index, columns=methods)
     return out
 
 

@@ -23,9 +23,12 @@ from sslbench.plan.runs import flatten, method_slug
 from sslbench.plan.settings import METHOD_SECTIONS
 from sslbench.report.stats import (
     ALPHA,
+    BAR_LOW,
+    BAR_MARGIN,
     MARKS,
     MISSING,
     PAIR,
+    RECORD_COLUMNS,
     SAME_MARK,
     SAME_NOTE,
     STALE_MARK,
@@ -199,7 +202,12 @@ class Tables:
 
 
 def compute_tables(
-    table: pd.DataFrame, runs: list[Run], results_dir: Path, methods_dir: str | Path, config_dir: str | Path
+    table: pd.DataFrame,
+    runs: list[Run],
+    results_dir: Path,
+    methods_dir: str | Path,
+    config_dir: str | Path,
+    record: pd.DataFrame | None = None,
 ) -> Tables:
     summary = summarise(table)
     margin_rows = margins(table)
@@ -219,7 +227,7 @@ def compute_tables(
             for pretrain in sorted(table["pretrain_dataset"].unique())
             for label, protocol, metric in matrix_metrics(summary, pretrain)
         ],
-        leaderboards=leaderboards(table, summary, margin_rows, run_floors(table)),
+        leaderboards=leaderboards(table, summary, margin_rows, run_floors(table), record),
     )
 
 
@@ -254,12 +262,28 @@ def leaderboards_markdown(boards: list[Leaderboard], table: pd.DataFrame) -> str
     return "\n".join(leaderboard_markdown(board, stale_methods(table, board.pair)) for board in boards)
 
 
-def leaderboard_text(table: pd.DataFrame) -> str:
-    """The leaderboards of ``results/table.csv`` (as ``read_table`` reads it) alone, the text that
-    opens table.md: what the end of a run prints."""
+def leaderboard_text(table: pd.DataFrame, record: pd.DataFrame | None = None) -> str:
+    """The leaderboards of ``results/table.csv`` (as ``read_table`` reads it) and the ``record`` on
+    many seeds alone, the text that opens table.md: what the end of a run prints."""
     table = check_table(table)
     summary, margin_rows = summarise(table), margins(table)
-    return leaderboards_markdown(leaderboards(table, summary, margin_rows, run_floors(table)), table)
+    boards = leaderboards(table, summary, margin_rows, run_floors(table), record)
+    return leaderboards_markdown(boards, table)
+
+
+def read_floor_record(path: Path | None) -> pd.DataFrame | None:
+    """The record on many seeds (``stats.floor_record``, written by benchmarks/margins.py), or None
+    where there is none: a workflow without one shows no record column."""
+    if path is None or not Path(path).is_file():
+        return None
+    record = read_csv_file(Path(path), "floor record", dtype={"run_settings": str, "seeds": str})
+    missing = [c for c in RECORD_COLUMNS if c not in record]
+    if missing:
+        raise ReportInputError(
+            f"{path}: missing column(s) {missing}; write it again with `python benchmarks/margins.py "
+            "<table> --write-record`"
+        )
+    return record
 
 
 def leaderboard_markdown(board: Leaderboard, stale: set[str]) -> str:
@@ -320,7 +344,31 @@ def leaderboard_display(board: Leaderboard, stale: set[str] = frozenset()) -> pd
                 f"{int(u)} of {int(n)}" if math.isfinite(u) and r == "learned" else MISSING
                 for u, n, r in zip(rows["seeds_under_floor_mean"].astype(float), rows["n"], rows["role"])
             ],
+            **(
+                {RECORD_HEADER: [record_text(row) for row in rows.itertuples(index=False)]}
+                if has_record(board)
+                else {}
+            ),
         }
+    )
+
+
+RECORD_HEADER = "on many seeds, the same settings (benchmarks/floor_record.csv)"
+
+
+def has_record(board: Leaderboard) -> bool:
+    return bool(board.rows["record_verdict"].notna().any())
+
+
+def record_text(row) -> str:
+    """What the record on many seeds says of a leaderboard row: its verdict, margin [95% CI] and seeds
+    under the floor's mean; — where the record has no run of these settings."""
+    if not isinstance(row.record_verdict, str):
+        return MISSING
+    margin = margin_text(row.record_margin, row.record_ci_low, row.record_ci_high)
+    return (
+        f"{row.record_verdict}: {margin}, {int(row.record_seeds_under_floor_mean)} of "
+        f"{int(row.record_n)} seeds under (seeds {row.record_seeds})"
     )
 
 
@@ -367,6 +415,16 @@ def leaderboard_notes(board: Leaderboard) -> list[str]:
         notes.append(
             "exact: the method and its floor are each the same on every seed, so their difference has no "
             "spread and no test."
+        )
+    if has_record(board):
+        notes.append(
+            "On many seeds: what the record measured for the runs whose settings are these runs' "
+            "(benchmarks/floor_record.csv, written by benchmarks/margins.py; its commit and processor in the "
+            "file: another processor gives other numbers). A method beats its floor there when its mean "
+            f"margin is at least {BAR_MARGIN * 100:g} points with the interval's lower end at least "
+            f"{BAR_LOW * 100:g}, on every seed when none of its seeds falls under the floor's mean. One that "
+            "does not beat it at this budget is not claimed to learn at this budget, whatever its mark "
+            f"here. {MISSING}: not measured with these settings."
         )
     notes.append(
         "Whether two learned methods differ: the paired comparisons (comparisons.csv). Every margin, on "
@@ -661,12 +719,13 @@ def sweep_points(runs: list[Run]) -> pd.DataFrame:
     return points.drop(columns="number")
 
 
-def finished_message(results: Path) -> str:
-    """What a finished DAG prints (the Snakefile's onsuccess): the leaderboards where the report is as
-    new as the table, else the command that writes the report."""
+def finished_message(results: Path, record: Path | None = None) -> str:
+    """What a finished DAG prints (the Snakefile's onsuccess): the leaderboards (beside the ``record``
+    on many seeds) where the report is as new as the table, else the command that writes the report."""
     table, html, md = results / "table.csv", results / "report.html", results / "table.md"
     if not table.is_file():
         return ""
     if not html.is_file() or html.stat().st_mtime < table.stat().st_mtime:
         return f"sslbench: the table is {table}; `snakemake --cores all` writes the report ({html})."
-    return f"{leaderboard_text(read_table(results)).rstrip()}\n\nThe whole report: {html} (its tables: {md})"
+    text = leaderboard_text(read_table(results), read_floor_record(record))
+    return f"{text.rstrip()}\n\nThe whole report: {html} (its tables: {md})"

@@ -24,7 +24,7 @@ from sslbench.augment.ops import (
 from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import VIEW_PRESETS, ViewConfig, view_config
 from sslbench.augment.views import CropGroup, check_view_groups, crop_side, describe_views, view_groups
-from sslbench.data import dataset_stats
+from sslbench.data.images import dataset_stats
 from sslbench.plan.settings import load_config, resolve_method_config
 
 IDENTITY = dict(

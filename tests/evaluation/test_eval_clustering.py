@@ -6,9 +6,10 @@ from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, nor
 from support import feature_dict
 
 from evaluation import clustering
-from evaluation.common import l2_normalize, seed_for
+from evaluation.common import seed_for
 from sslbench.extract.featurefile import load_features
 from sslbench.kmeans import kmeans
+from sslbench.knn import l2_normalize
 
 
 def with_random_train(test, test_labels, num_classes):

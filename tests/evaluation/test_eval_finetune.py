@@ -220,7 +220,7 @@ def test_the_same_seed_gives_the_same_numbers(result, mae_checkpoint):
 def test_layer_decay_moves_the_embeddings_less_than_the_last_block(mae_checkpoint):
     """AdamW moves each weight by about its group's lr per step, so the patch embedding (scale d^5)
     moves far less than the last block (scale d)."""
-    from sslbench.data import load_data
+    from sslbench.data.registry import load_data
 
     ckpt = read_checkpoint(mae_checkpoint)
     data = load_data(ckpt["cfg"])

@@ -12,7 +12,8 @@ from evaluation import linear
 from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import view_config
 from sslbench.collect import read_result
-from sslbench.data import ImageSet, load_dataset
+from sslbench.data.containers import ImageSet
+from sslbench.data.registry import load_dataset
 from sslbench.evaluate import run_protocol
 from sslbench.extract.features import embed, extract, load_encoder, read_checkpoint
 from sslbench.optim import learning_rate

@@ -16,7 +16,8 @@ from support import METHODS_DIR, tiny_suite_config
 from evaluation import semisup
 from sslbench.augment.pipeline import ViewAugment
 from sslbench.augment.presets import view_config
-from sslbench.data import ImageSet, load_data, load_dataset
+from sslbench.data.containers import ImageSet
+from sslbench.data.registry import load_data, load_dataset
 from sslbench.extract.features import read_checkpoint
 from sslbench.plan.settings import resolve_method_config
 from sslbench.pretrain.trainer import pretrain

@@ -16,7 +16,11 @@ from evaluation import semisup
 from evaluation.common import ProtocolError
 from sslbench import cli
 from sslbench.collect import read_result, result_rows
-from sslbench.data import VOC_CLASSES, Dataset, ImageSet, convert_channels, load_dataset, prepare_dataset
+from sslbench.data.containers import Dataset, ImageSet
+from sslbench.data.datasets.voc07 import VOC_CLASSES
+from sslbench.data.images import convert_channels
+from sslbench.data.prepared import prepare_dataset
+from sslbench.data.registry import load_dataset
 from sslbench.errors import DEBUG_VARIABLE
 from sslbench.evaluate import run_protocol
 from sslbench.extract.featurefile import load_features, save_features
@@ -92,7 +96,7 @@ def grey(tmp_path_factory):
 @pytest.fixture(scope="module")
 def colour(tmp_path_factory, files):
     """The pixels baseline on the colour Places205 folder (folder sets normalise with ImageNet's
-    statistics, sslbench.data.dataset_stats)."""
+    statistics, sslbench.data.images.dataset_stats)."""
     places = {"places205": {"name": "imagefolder", "root": str(files["places"]), "image_size": SIZE}}
     return pixels_checkpoint(tmp_path_factory.mktemp("colour"), places, "places205")
 

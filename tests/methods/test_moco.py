@@ -11,7 +11,7 @@ from support import METHODS_DIR, preset_config
 from torch import nn
 
 from sslbench.augment.presets import ViewConfig, view_config
-from sslbench.data import load_data
+from sslbench.data.registry import load_data
 from sslbench.kit.losses import info_nce
 from sslbench.kit.moco import (
     MomentumEncoder,

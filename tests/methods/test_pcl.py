@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from support import METHODS_DIR, REPO, preset_config
 
-from sslbench.data import load_data
+from sslbench.data.registry import load_data
 from sslbench.kit.losses import PROTO_NCE_FORMS, info_nce, proto_nce
 from sslbench.plan.checks import load_yaml
 from sslbench.plan.settings import resolve_method_config

@@ -42,7 +42,10 @@ def snakemake(cwd, *args: str) -> subprocess.CompletedProcess:
         ({"train": {"batch_size": -4}}, "`train.batch_size`"),
         ({"train": {"batch_size": "big"}}, "not of type 'integer'"),
         ({"train": {"epocs": 3}}, "unknown key `train.epocs`"),
-        ({"datasets": {"digits": {"name": "mnist"}}}, "'mnist' is not one of ['digits', 'fashion_mnist'"),
+        (
+            {"datasets": {"digits": {"name": "mnist"}}},
+            "'mnist' is not one of ['cifar10', 'cifar100', 'digits', 'fashion_mnist'",
+        ),
         ({"dataset": {"name": "digits"}}, "datasets are now registered by label under `datasets:`"),
         ({"pretrain": []}, "`pretrain`"),
         ({"datasets": {"my digits": {"name": "digits"}}}, "`datasets`"),
@@ -168,16 +171,17 @@ def test_a_subset_larger_than_its_split_names_the_split_size(tmp_path):
 
 
 def test_a_subset_whose_split_size_is_only_known_when_loaded_is_checked_then():
-    from sslbench.data import DatasetError, load_dataset
+    from sslbench.data.files import DatasetError
+    from sslbench.data.registry import load_dataset
 
     with pytest.raises(DatasetError, match=r"`subset\.test`: 451 is more than the 450 images"):
         load_dataset("digits", subset={"test": 451})
 
 
 def test_every_pretraining_dataset_optional_and_absent_is_an_error(tmp_path, monkeypatch):
-    from sslbench import datafiles
+    from sslbench.data.datasets import fashion_mnist
 
-    monkeypatch.setattr(datafiles, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "absent")
+    monkeypatch.setattr(fashion_mnist, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "absent")
     preset = {"methods": ["random"], "pretrain": ["fashion_mnist"], "evaluation": {"targets": ["pretrain"]}}
     message = plan_error(tmp_path, preset)
     assert "`pretrain`" in message and "nothing can run" in message

@@ -221,9 +221,9 @@ def test_targets_per_protocol_and_the_pretraining_set_itself():
 
 
 def test_an_absent_optional_target_is_skipped_saying_how_to_install_it(tmp_path, monkeypatch):
-    from sslbench import datafiles
+    from sslbench.data.datasets import fashion_mnist
 
-    monkeypatch.setattr(datafiles, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "absent")
+    monkeypatch.setattr(fashion_mnist, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "absent")
     cfg = tiny_suite_config()
     cfg["evaluation"]["targets"] = ["pretrain", "fashion_mnist"]
     plan = plan_runs(cfg, METHODS_DIR, ["random"])

@@ -13,7 +13,7 @@ from support import METHODS_DIR
 from torch import nn
 
 from sslbench.backbones import create_backbone
-from sslbench.data import load_data
+from sslbench.data.registry import load_data
 from sslbench.kit.moco import SplitBatchNorm2d, use_split_batch_norm
 from sslbench.pretrain.trainer import build_method
 

@@ -16,13 +16,17 @@ from evaluation.knn import variant_name
 from sslbench.errors import ConfigError
 from sslbench.plan.protocols import protocol_settings
 from sslbench.report.stats import (
+    BEATS,
     HEADLINE,
+    NOT_SHOWN,
+    ON_AVERAGE,
     SAME_MARK,
     TableError,
     ablation_table,
     absent_headline,
     best_methods,
     comparison_matrix,
+    floor_record,
     headline_stats,
     headline_table,
     holm,
@@ -32,14 +36,16 @@ from sslbench.report.stats import (
     paired_comparison,
     paired_test,
     read_paper_results,
+    record_verdict,
     reproduced_vs_reported,
     resolution_note,
     run_floors,
+    seed_list,
     stale_methods,
     summarise,
     welch_margin,
 )
-from sslbench.report.tables import leaderboard_display
+from sslbench.report.tables import ReportInputError, leaderboard_display, leaderboard_text, read_floor_record
 
 T975 = {2: 4.302652729911275, 4: 2.7764451051977987}  # Student t 0.975 quantiles (tables)
 
@@ -587,6 +593,80 @@ def test_leaderboard_ranks_learned_methods_by_mean_and_lists_the_references_afte
     assert rows.loc["supervised", "verdict"] == "above its floor" and rows.loc["pixels", "verdict"] == ""
     assert math.isclose(rows.loc["simclr", "margin"], 0.12) and math.isclose(rows.loc["random", "mean"], 0.5)
     assert leaderboard(summarise(table), margins(table), run_floors(table), ("digits", "x")) is None
+
+
+# --------------------------------------------------------------------------- the record on many seeds
+def test_record_verdict_on_the_bar_by_hand():
+    """The bar: a mean margin of at least 5 points with the interval's lower end at least 2; on every
+    seed when none falls under the floor's mean."""
+    assert record_verdict(0.05, 0.02, 0) == BEATS
+    assert record_verdict(0.09, 0.03, 2) == ON_AVERAGE
+    assert record_verdict(0.049, 0.03, 0) == NOT_SHOWN  # the margin under 5 points
+    assert record_verdict(0.08, 0.019, 0) == NOT_SHOWN  # the interval's lower end under 2
+    assert record_verdict(0.032, 0.004, 5) == NOT_SHOWN
+    assert seed_list([3, 0, 1, 2, 7, 9, 8]) == "0-3, 7-9" and seed_list([5]) == "5"
+
+
+def recorded_table(settings: dict) -> pd.DataFrame:
+    """simclr clearly above its floor on every seed, moco above on average with one seed under the
+    floor's mean (0.50), byol not beating it; each run's settings digest from ``settings``."""
+    runs = {
+        "random": ("random", RESNET, FLOOR),
+        "simclr": ("simclr", RESNET, [0.60, 0.62, 0.64, 0.61]),
+        "moco": ("moco", RESNET, [0.62, 0.64, 0.49, 0.63, 0.65, 0.61]),
+        "byol": ("byol", RESNET, [0.52, 0.53, 0.51]),
+    }
+    table = backbone_table(runs)
+    return table.assign(
+        run_settings=table["method"].map(settings),
+        git_commit="abc",
+        cpu_kernels='{"cpu": "AMD EPYC", "level": "avx512"}',
+    )
+
+
+SETTINGS = {"random": "r0", "simclr": "s0", "moco": "m0", "byol": "b0"}
+
+
+def test_floor_record_by_hand():
+    """Each learned method's margin over its floor's mean with the seeds named, its verdict, the
+    settings it ran and where: moco's mean 0.6067 - 0.50 = +10.67 points on 6 seeds, one of them (0.49)
+    under the floor's mean."""
+    record = floor_record(recorded_table(SETTINGS)).set_index("method")
+    assert list(record.index) == ["byol", "moco", "simclr"]
+    moco = record.loc["moco"]
+    assert math.isclose(moco["margin"], np.mean([0.62, 0.64, 0.49, 0.63, 0.65, 0.61]) - 0.50)
+    assert moco["seeds"] == "0-5" and moco["n"] == 6 and moco["floor_n"] == 5
+    assert moco["seeds_under_floor_mean"] == 1 and moco["verdict"] == ON_AVERAGE
+    assert record.loc["simclr", "verdict"] == BEATS and record.loc["byol", "verdict"] == NOT_SHOWN
+    assert moco["run_settings"] == "m0" and moco["git_commit"] == "abc" and moco["processor"] == "AMD EPYC"
+
+
+def test_the_leaderboard_names_the_record_only_for_runs_of_the_recorded_settings(tmp_path):
+    """A three-seed run of the recorded settings shows the record's verdict beside its own mark; a run
+    of other settings (moco's lr changed, say) is not named by it; the legend says what the record is.
+    Written and read back as the CSV benchmarks/margins.py writes."""
+    path = tmp_path / "floor_record.csv"
+    path.write_text(floor_record(recorded_table(SETTINGS)).to_csv(index=False))
+    record = read_floor_record(path)
+    short = recorded_table({**SETTINGS, "moco": "m1"})
+    short = short[short["seed"] < 3]
+    board = leaderboard(summarise(short), margins(short), run_floors(short), ("digits", "digits"))
+    assert "record_verdict" in board.rows and board.rows["record_verdict"].isna().all()  # no record given
+    text = leaderboard_text(short, record)
+    row = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ")}
+    assert f"{BEATS}: +11.75 [" in row["simclr"] and "0 of 4 seeds under (seeds 0-3)" in row["simclr"]
+    assert f"{NOT_SHOWN}: +2.00 [" in row["byol"]
+    assert row["moco"].rstrip(" |").endswith("—")  # other settings than the recorded ones
+    assert "On many seeds: what the record measured" in text
+    assert "On many seeds" not in leaderboard_text(short)  # no record: no column, no note
+
+
+def test_a_record_without_its_columns_is_named(tmp_path):
+    path = tmp_path / "floor_record.csv"
+    path.write_text("method,margin\nmoco,0.1\n")
+    with pytest.raises(ReportInputError, match="floor_record.csv: missing column"):
+        read_floor_record(path)
+    assert read_floor_record(tmp_path / "absent.csv") is None
 
 
 # --------------------------------------------------------------------------- headline

@@ -9,7 +9,7 @@ import pytest
 from support import REPO, pretrain_args
 
 from sslbench import cli
-from sslbench.data import DatasetError
+from sslbench.data.files import DatasetError
 from sslbench.errors import DEBUG_VARIABLE, ConfigError
 from sslbench.optim import TrainingDiverged
 

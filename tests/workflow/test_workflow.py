@@ -83,8 +83,14 @@ def test_table_has_every_method_seed_and_its_settings(workflow):
         "version_torch",
         "eval_wall_time_s",
         "small_stem",
+        "run_settings",
     ):
         assert column in table.columns and table[column].notna().all(), column
+    # one name for every setting a run trained with: the same across a method's seeds, another method's
+    # settings another name (the record on many seeds is matched by it)
+    settings = table.groupby("method")["run_settings"].nunique()
+    assert dict(settings) == {"random": 1, "simclr": 1}
+    assert table.groupby("method")["run_settings"].first().nunique() == 2
 
 
 def test_dag_shows_pretrain_extract_evaluate_collect(workflow):
