@@ -635,7 +635,7 @@ def record_of(
         & (record["metric"] == metric)
     ]
     same = [settings.get((pair[0], m)) == s for m, s in zip(rows["method"], rows["run_settings"])]
-    return rows[same].set_index("method")[RECORD_SHOWN]
+    return rows[np.array(same, dtype=bool)].set_index("method")[RECORD_SHOWN]
 
 
 # --------------------------------------------------------------------------- leaderboard

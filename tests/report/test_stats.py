@@ -659,6 +659,11 @@ def test_the_leaderboard_names_the_record_only_for_runs_of_the_recorded_settings
     assert row["moco"].rstrip(" |").endswith("—")  # other settings than the recorded ones
     assert "On many seeds: what the record measured" in text
     assert "On many seeds" not in leaderboard_text(short)  # no record: no column, no note
+    transfer = short.assign(eval_dataset="fashion_mnist")  # a pair the record has nothing of
+    assert (
+        "On many seeds"
+        not in leaderboard_text(pd.concat([short, transfer]), record).split("## Leaderboard")[2]
+    )
 
 
 def test_a_record_without_its_columns_is_named(tmp_path):
