@@ -22,7 +22,7 @@ from sslbench import atomic
 from sslbench import distributed as dist
 from sslbench.augment.pipeline import EvalTransform, MultiViewAugment
 from sslbench.augment.views import check_view_groups, view_groups
-from sslbench.backbones import backbone_from_config
+from sslbench.backbones import backbone_from_config, feature_reader
 from sslbench.data.containers import Dataset
 from sslbench.data.images import dataset_stats
 from sslbench.data.registry import load_data
@@ -388,7 +388,9 @@ class Trainer:
         """The monitors (``sslbench.pretrain.monitors``) on the encoder's features of the train split,
         and what measuring them cost (not counted in the epoch's seconds)."""
         start = time.perf_counter()
-        features = self.forward_train_set(self.method.encoder()).cpu().numpy()
+        # the features the protocols read (backbone.features), on the train split
+        reader = feature_reader(self.method.encoder(), self.cfg["backbone"])
+        features = self.forward_train_set(reader).cpu().numpy()
         row = self.monitor.measure(features, self.labels.cpu().numpy(), self.data.num_classes)
         return {**row, "monitor_seconds": time.perf_counter() - start}
 

@@ -62,7 +62,13 @@ def draw_figures(pair: tuple[str, str], tables: Tables, runs: list[Run], figures
                     "training",
                     training_curves(runs, pretrain, colours),
                     "Training curves: loss and images/s per epoch",
-                )
+                ),
+                (
+                    "monitors",
+                    monitor_curves(runs, pretrain, colours),
+                    "While training: the kNN top-1 of held-out train images, RankMe and the features' std "
+                    "per epoch (the monitors; mean over seeds, band from the lowest seed to the highest)",
+                ),
             ]
             if own
             else []
@@ -412,6 +418,51 @@ def training_curves(runs: list[Run], dataset: str, colours: dict):
         ax.set_xlabel("epoch")
         ax.set_title(f"{dataset}: {label} (mean over seeds)", fontsize=10)
         ax.legend(fontsize=8)
+    fixed_layout(fig, axes)
+    return fig
+
+
+# The monitors' columns of train_log.csv (sslbench.pretrain.monitors) and what each panel calls them.
+MONITOR_PANELS = {
+    "knn_top1": "kNN top-1 of held-out train images",
+    "rankme": "RankMe (1: collapsed)",
+    "feature_std": "std of the features (0: collapsed)",
+}
+
+
+def monitor_curves(runs: list[Run], dataset: str, colours: dict):
+    """The monitors against epoch, one panel each: per method the mean over its seeds on the epochs
+    they were measured, with a band from the lowest seed to the highest. None where no run has them."""
+    from matplotlib.ticker import MaxNLocator
+
+    logs = [
+        r.log.assign(method=r.method, seed=r.seed)
+        for r in runs
+        if r.dataset == dataset and set(MONITOR_PANELS) <= set(r.log.columns)
+    ]
+    logs = pd.concat(logs, ignore_index=True).dropna(subset=["rankme"]) if logs else pd.DataFrame()
+    if logs.empty:
+        return None
+    fig, axes = new_figure(len(MONITOR_PANELS), width=4.6, height=3.6, columns=3)
+    for method, data in logs.groupby("method", sort=True):
+        by_epoch = data.groupby("epoch")[list(MONITOR_PANELS)]
+        mean, low, high = by_epoch.mean(), by_epoch.min(), by_epoch.max()
+        style = {
+            "color": colours[method],
+            "label": method,
+            "marker": method_marker(colours, method),
+            "markersize": 3,
+        }
+        for ax, column in zip(axes, MONITOR_PANELS):
+            ax.plot(mean.index, mean[column], **style)
+            ax.fill_between(
+                mean.index, low[column], high[column], color=colours[method], alpha=0.15, linewidth=0
+            )
+    for ax, label in zip(axes, MONITOR_PANELS.values()):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
+        ax.set_title(f"{dataset}: {label}", fontsize=10)
+    axes[0].legend(fontsize=8)
     fixed_layout(fig, axes)
     return fig
 

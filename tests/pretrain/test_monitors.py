@@ -65,12 +65,13 @@ def test_monitor_due_every_n_epochs_and_after_the_last():
     assert not any(Monitor(every=0).due(e, 5) for e in range(1, 6))
 
 
-@pytest.mark.parametrize("method", ["moco", "simclr"])
-def test_monitors_do_not_change_training(tmp_path, method_config, method):
+def test_monitors_do_not_change_training(tmp_path, method_config):
     """The same run with the monitors after every epoch and without: every tensor of the checkpoint
     and every logged loss identical; the monitored one logs its measures each epoch and run.json
-    records the last. moco has batch norm and a momentum encoder, both of which an encoder run in
-    train mode would move."""
+    records the last. moco has batch norm, a momentum encoder and a queue, which an encoder run in
+    train mode, or a monitor that drew from the training's generators, would move. (The whole default
+    with the monitors on gives every value of the table without them: benchmarks/RESULTS.md.)"""
+    method = "moco"
     cfg = method_config(method)
     monitor = {"every": 1, "k": 20, "temperature": 0.07, "holdout": 0.2}
     off = pretrain(METHODS_DIR / method, cfg, 0, tmp_path / "off", progress=False)

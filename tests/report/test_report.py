@@ -152,6 +152,13 @@ def write_run(folder: Path, method: str, seed: int, offset: float, rng) -> None:
             "images_per_s": 100.0 + seed,
             "seconds": 3.0 + seed,
             "hook_seconds": 0.1,
+            # the monitors, measured on even epochs and the last (sslbench.pretrain.monitors)
+            **{
+                column: np.where(
+                    (epochs % 2 == 0) | (epochs == EPOCHS), value + 0.01 * epochs + offset, np.nan
+                )
+                for column, value in (("knn_top1", 0.5), ("rankme", 5.0), ("feature_std", 0.1))
+            },
         }
     ).to_csv(folder / "train_log.csv", index=False)
     cfg = {
@@ -420,7 +427,7 @@ def csv(report, name):
 
 
 # --------------------------------------------------------------------------- tests
-FIGURES = ["bars", "lowshot", "training", "tsne", "kmeans", "estep"]
+FIGURES = ["bars", "lowshot", "training", "monitors", "tsne", "kmeans", "estep"]
 TABLES = [
     f"table-leaderboard-{DATASET}",
     f"table-leaderboard-{PAIR_ID}",
@@ -452,6 +459,32 @@ def test_every_table_and_figure_is_on_the_page_and_in_figures(report, page):
         assert pixels.shape[0] > 150 and pixels.shape[1] > 250 and pixels.std() > 0.05, kind
     for name in ("summary", "comparisons", "margins", "reproduced", "cost", "environment", "ablations"):
         assert (report["out"] / f"{name}.csv").is_file()
+
+
+def test_the_monitor_figure_draws_each_methods_mean_over_seeds_and_needs_the_columns():
+    """The monitors' panels plot, per method, the mean over seeds on the epochs measured (NaN rows, the
+    epochs not measured, left out); runs without the monitors' columns give no figure."""
+    from sslbench.report.figures import method_colours, monitor_curves
+    from sslbench.report.tables import Run
+
+    def log(seed):
+        return pd.DataFrame(
+            {
+                "epoch": [1, 2],
+                "loss": [1.0, 0.5],
+                "knn_top1": [np.nan, 0.5 + seed],
+                "rankme": [np.nan, 4.0 + seed],
+                "feature_std": [np.nan, 0.1],
+            }
+        )
+
+    colours = method_colours(["m"])
+    fig = monitor_curves([Run("d", "m", s, Path("."), {}, {}, log(s)) for s in (0, 1)], "d", colours)
+    knn, rank = fig.axes[0].lines[0], fig.axes[1].lines[0]
+    assert list(knn.get_xdata()) == [2] and list(knn.get_ydata()) == [1.0]  # (0.5 + 1.5) / 2
+    assert list(rank.get_ydata()) == [4.5]
+    unmonitored = [Run("d", "m", 0, Path("."), {}, {}, log(0).drop(columns=["knn_top1", "rankme"]))]
+    assert monitor_curves(unmonitored, "d", colours) is None
 
 
 def test_page_is_self_contained(page):
