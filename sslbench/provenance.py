@@ -9,6 +9,8 @@ from functools import cache, lru_cache
 from importlib import metadata
 from pathlib import Path
 
+from sslbench import memo
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "torch",
@@ -148,27 +150,39 @@ def module_file(name: str) -> Path | None:
 def file_imports(path: Path, package: str) -> tuple[str, ...]:
     """Project modules a source file imports anywhere in it (relative imports resolved against
     ``package``), including ``from package import module`` and the packages on the way."""
-    import ast
-
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [(alias.name, []) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            parts = package.split(".") if package else []
-            base = parts[: len(parts) - node.level + 1] if node.level else []
-            targets = [
-                (".".join(base + ([node.module] if node.module else [])), [a.name for a in node.names])
-            ]
-        else:
-            continue
-        for target, names in targets:
-            if target.split(".")[0] not in PROJECT_PACKAGES:
-                continue
-            parts = target.split(".")
-            found |= {".".join(parts[: i + 1]) for i in range(len(parts))}
-            found |= {f"{target}.{n}" for n in names if module_file(f"{target}.{n}") is not None}
+    for target, names in import_statements(path, package):
+        parts = target.split(".")
+        found |= {".".join(parts[: i + 1]) for i in range(len(parts))}
+        found |= {f"{target}.{n}" for n in names if module_file(f"{target}.{n}") is not None}
     return tuple(sorted(m for m in found if module_file(m) is not None))
+
+
+def import_statements(path: Path, package: str) -> list[list]:
+    """[module, names imported from it] of each import of a project module in a source file: a pure
+    function of its text, so remembered between jobs (``memo``) under the text and this file's own."""
+    text = path.read_text()
+
+    def parse() -> list[list]:
+        import ast
+
+        statements = []
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.Import):
+                statements += [[alias.name, []] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                parts = package.split(".") if package else []
+                base = parts[: len(parts) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                statements.append([module, [a.name for a in node.names]])
+        return [s for s in statements if s[0].split(".")[0] in PROJECT_PACKAGES]
+
+    return memo.remembered("imports", "\0".join((own_source(), package, text)), parse)
+
+
+@cache
+def own_source() -> str:
+    return Path(__file__).read_text()
 
 
 def import_closure(entries: tuple[str, ...], extra_files: tuple[Path, ...] = ()) -> list[Path]:

@@ -42,7 +42,8 @@ from sslbench.provenance import LAUNCHED_BY
 SWITCH, IDLE_VARIABLE, DIR_VARIABLE = "SSLBENCH_WARM", "SSLBENCH_WARM_IDLE", "SSLBENCH_WARM_DIR"
 # The slow imports of the jobs: torch, torchvision and timm (networks), scikit-learn (the low-shot SVMs,
 # the t-SNE maps, stratified subsets), scipy's optimiser (the linear probe), faiss (kNN, k-means), pandas
-# and matplotlib's Agg canvas (collect, the report: torch too, for the E-step clusters of checkpoints).
+# and matplotlib's Agg canvas (collect, the report: torch too, for the E-step clusters of checkpoints),
+# jsonschema (every protocol job checks its settings: 0.08 s to import, more than a kNN vote).
 PRELOADED = (
     "numpy",
     "pandas",
@@ -56,6 +57,7 @@ PRELOADED = (
     "sklearn.manifold",
     "scipy.optimize",
     "faiss",
+    "jsonschema",
 )
 # What the preloaded packages read when they are imported: a server serves only jobs that agree.
 IMPORT_ENVIRONMENT = (*kernels.PINNED, kernels.VARIABLE, *kernels.THREAD_VARIABLES)

@@ -2,6 +2,7 @@
 
 import copy
 import os
+import tempfile
 
 import pytest
 
@@ -18,6 +19,9 @@ torch.set_num_threads(1)  # tests share 2 cores; keep each process on one
 # Tests call the CLI in this process and expect it to run there: no warm server (tests/workflow/test_warm.py
 # turns it on for the processes it starts).
 os.environ.setdefault("SSLBENCH_WARM", "0")
+# What the jobs remember between processes (sslbench.memo), for every test and the jobs it starts: kept
+# out of the user's own cache.
+os.environ.setdefault("SSLBENCH_CACHE_DIR", os.path.join(tempfile.gettempdir(), "sslbench-test-cache"))
 
 
 def pytest_configure(config):
