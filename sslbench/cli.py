@@ -132,9 +132,11 @@ def cmd_collect(args) -> None:
 def cmd_status(args) -> None:
     from sslbench.collect import prepared_states, refresh_command, result_states
     from sslbench.plan.dryrun import RESULT_RULES, planned_jobs, planned_lines
+    from sslbench.plan.paths import RUN_DIR
     from sslbench.plan.runs import plan_runs, selected_methods
     from sslbench.plan.settings import config_sources, load_config
     from sslbench.plan.workflow import method_problems
+    from sslbench.pretrain.progress import progress_lines
 
     config = load_config(args.config_dir, args.configfile)
     methods = selected_methods(config, args.methods)
@@ -143,6 +145,11 @@ def cmd_status(args) -> None:
     plan = plan_runs(config, args.methods, [m for m in methods if m not in broken], sources=sources)
     for label, why in {**plan.skipped, **{f"methods/{m}": p for m, p in broken.items()}}.items():
         print(f"left out: {label}: {why}")
+    runs = [
+        (RUN_DIR.format(pretrain=p, method=plan.slugs[m], seed=s), plan.runs[p, m]["train"]["epochs"])
+        for p, m, s in plan.run_seeds(config["seeds"])
+    ]
+    print("\n".join(progress_lines(runs)))
     expected = plan.result_files(config["seeds"])
     jobs = planned_jobs(args.configfile)
     print("\n".join(planned_lines(jobs, refresh_command([], args.configfile))))
@@ -293,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", nargs="*")
     p.set_defaults(func=cmd_collect)
 
-    p = sub.add_parser("status", help="stale and missing results, and the snakemake call that refreshes them")
+    p = sub.add_parser(
+        "status",
+        help="pretraining in progress, stale and missing results, and the snakemake call that refreshes them",
+    )
     p.add_argument(
         "--configfile", nargs="*", default=[], help="the presets of your run, as given to snakemake"
     )

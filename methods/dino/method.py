@@ -28,6 +28,7 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
+from sslbench.kit.health import effective_usage, entropy
 from sslbench.kit.losses import cross_view_cross_entropy
 from sslbench.kit.method import Method, embed_crops, exclude_bias_and_norm
 from sslbench.kit.momentum import frozen_copy
@@ -124,6 +125,22 @@ class DINO(Method):
 
     def encoder(self):
         return self.teacher[0]
+
+    @torch.no_grad()
+    def health(self, forward_train_set):
+        """The teacher's centred, sharpened output on the train split (the monitors'): its mean
+        entropy (log K when it collapses to uniform) and how many of its K outputs the images'
+        argmaxes use (1 when it collapses to one)."""
+
+        def measure(x):
+            p = F.softmax((self.teacher(x).float() - self.center) / self.teacher_temp, dim=-1)
+            return torch.stack([entropy(p), p.argmax(dim=1).float()], dim=1)
+
+        out = forward_train_set(measure)
+        return {
+            "teacher_entropy": out[:, 0].mean().item(),
+            "teacher_usage": effective_usage(out[:, 1], self.center.shape[1]),
+        }
 
     def momentum_pairs(self):
         return [([self.backbone, self.head], self.teacher)]

@@ -25,6 +25,7 @@ from torch import nn
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.kit.clustering import swav_sinkhorn
+from sslbench.kit.health import effective_usage
 from sslbench.kit.losses import cross_view_cross_entropy
 from sslbench.kit.method import Method, embed_crops
 from sslbench.kit.queue import KeyQueue, fit_queue_size
@@ -95,6 +96,15 @@ class SwAV(Method):
                 scores = torch.cat([self.prototypes(queue.keys[dist.shard(len(queue))]), scores])
             queue.push(embedding)
         return swav_sinkhorn(scores, self.epsilon, self.sinkhorn_iterations)[-batch:]
+
+    @torch.no_grad()
+    def health(self, forward_train_set):
+        """How many of the K prototypes the train split's images use as their nearest (the monitors'):
+        1 when every image falls on one prototype."""
+        nearest = forward_train_set(
+            lambda x: self.prototypes(self.embed(self.backbone(x))).argmax(dim=1).float()
+        )
+        return {"prototype_usage": effective_usage(nearest, self.prototypes.out_features)}
 
     def on_epoch_start(self, ctx):
         self.queue_started = len(self.queues) > 0 and ctx.epoch >= self.queue_start_epoch

@@ -19,6 +19,7 @@ AMP, DDP and logs.
         def on_before_step(self, ctx) -> None      # optional: clip or drop gradients
         def on_step_end(self, ctx) -> None         # optional: state updates after the step
         def encoder(self) -> nn.Module             # the network evaluated
+        def health(self, forward_train_set) -> dict  # optional: a teacher's entropy, prototype usage
 
 One epoch, as the engine runs it: ``on_epoch_start(ctx)``, then ``epoch_order(N, generator)`` (a
 random permutation of the N training images unless the method samples) cut into full batches, each
@@ -166,6 +167,13 @@ class Method(nn.Module):
     def encoder(self) -> nn.Module:
         """The network whose pooled features are evaluated."""
         return self.backbone
+
+    def health(self, forward_train_set: Callable) -> dict[str, float]:
+        """Label-free measures of the method's own heads that the monitors log (a teacher's entropy,
+        the prototypes' usage: ``sslbench.kit.health``), from ``forward_train_set`` (``EpochContext``'s);
+        none by default. It must change no state and draw no random number: the monitors never
+        change the training."""
+        return {}
 
     @property
     def trains(self) -> bool:

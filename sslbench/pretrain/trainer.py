@@ -44,6 +44,7 @@ from sslbench.pretrain.batches import batch_source
 from sslbench.pretrain.checkpoints import CHECKPOINT_DIR, EpochCheckpoints, prepared_digest, save_final
 from sslbench.pretrain.monitors import COLUMNS as MONITOR_COLUMNS
 from sslbench.pretrain.monitors import Monitor
+from sslbench.pretrain.progress import epoch_line
 from sslbench.provenance import code_record, provenance
 
 
@@ -124,7 +125,7 @@ class Trainer:
         self.train_cfg = cfg["train"]
         self.device = dist.init_from_env(device)
         self.world, self.rank = dist.world_size(), dist.rank()
-        self.progress = progress and dist.is_main()
+        self.progress = progress and dist.is_main()  # the step bar; the per-epoch line is always logged
         self.prepared = prepared  # the dataset's file from `sslbench prepare`
         self.data = load_data(cfg, prepared)
         self.method = build_method(method_dir, cfg, self.data, seed).to(self.device)
@@ -365,10 +366,11 @@ class Trainer:
         start = time.perf_counter()
         self.resume()
         epochs = self.train_cfg["epochs"] if self.method.trains else 0
-        if self.progress:
+        if dist.is_main():
             print(
                 f"[sslbench] {self.cfg['method']} seed {self.seed}: {epochs} epochs × "
-                f"{self.steps_per_epoch} steps on {self.device}"
+                f"{self.steps_per_epoch} steps on {self.device}",
+                flush=True,
             )
         while self.state.epoch < epochs:
             row = self.train_epoch()
@@ -376,11 +378,8 @@ class Trainer:
                 row.update(self.monitor_row())
             self.save_epoch_checkpoint()
             self._write_log()
-            if self.progress:
-                print(
-                    f"[sslbench] epoch {row['epoch']}/{epochs} loss {row['loss']:.4f} "
-                    f"{row['images_per_s']:.0f} img/s"
-                )
+            if dist.is_main():  # in the job's log too (--quiet hides the step bar only)
+                print(epoch_line(self.log_rows, epochs), flush=True)
         self._write_log()
         return self.save_final(time.perf_counter() - start)
 
@@ -392,6 +391,7 @@ class Trainer:
         reader = feature_reader(self.method.encoder(), self.cfg["backbone"])
         features = self.forward_train_set(reader).cpu().numpy()
         row = self.monitor.measure(features, self.labels.cpu().numpy(), self.data.num_classes)
+        row.update(self.method.health(self.forward_train_set))  # its heads' own measures, if any
         return {**row, "monitor_seconds": time.perf_counter() - start}
 
     def monitor_summary(self) -> dict:

@@ -556,7 +556,7 @@ RECORD_SHOWN = ["seeds", "n", "margin", "ci_low", "ci_high", "seeds_under_floor_
 BAR_MARGIN, BAR_LOW = 0.05, 0.02
 BEATS, ON_AVERAGE, NOT_SHOWN = (
     "beats its floor on every seed",
-    "beats it on average, not on every seed",
+    "beats it on average; under it on some seeds at this budget",
     "does not beat it at this budget",
 )
 

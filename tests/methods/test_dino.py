@@ -197,3 +197,25 @@ def test_on_a_vit_the_student_drops_paths_and_the_teacher_none(digits):
         names[id(p)] for p in decayed["params"]
     }
     assert excluded["weight_decay"] == 0.0 and all(p.ndim <= 1 for p in excluded["params"])
+
+
+# --- the monitors' measures of the teacher -----------------------------------------------------------
+
+
+def test_a_teacher_collapsed_to_uniform_has_entropy_log_k_and_uses_one_output(digits):
+    """With the last layer's norms zero the teacher gives every image the same uniform distribution;
+    measuring it changes no tensor of the method and draws no random number."""
+    method = build_dino(digits).eval()  # as forward_train_set runs it: batch norm keeps its statistics
+    method.on_epoch_start(EpochContext(0, 2, 0, 1, torch.device("cpu"), lambda fn: None))
+    images = digits.train.images[:40].float()
+    on_images = lambda fn: fn(images)  # noqa: E731 (forward_train_set on 40 images)
+    spread = method.health(on_images)
+    assert 0 < spread["teacher_entropy"] < math.log(OUT) and 1 < spread["teacher_usage"] <= OUT
+    with torch.no_grad():
+        method.teacher[1].last_layer.parametrizations.weight.original0.zero_()  # g = 0: w = 0
+    before, rng = {k: v.clone() for k, v in method.state_dict().items()}, torch.get_rng_state()
+    collapsed = method.health(on_images)
+    assert collapsed["teacher_entropy"] == pytest.approx(math.log(OUT), rel=1e-5)
+    assert collapsed["teacher_usage"] == pytest.approx(1.0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, before[k]) for k, v in method.state_dict().items())

@@ -262,3 +262,20 @@ def test_two_processes_give_the_codes_and_losses_of_one_process(tmp_path):
 
 if __name__ == "__main__":  # under torchrun: the 2-process side
     ddp_main(sys.argv[1])
+
+
+def test_prototype_usage_counts_the_prototypes_the_images_fall_on(digits):
+    """One prototype on every embedding's side and the others opposite it: all images use one; random
+    prototypes spread them. Measuring changes no tensor and draws no random number."""
+    method = build_swav(digits).eval()  # as forward_train_set runs it: batch norm keeps its statistics
+    images = digits.train.images[:40].float()
+    on_images = lambda fn: fn(images)  # noqa: E731 (forward_train_set on 40 images)
+    assert 1 < method.health(on_images)["prototype_usage"] <= K
+    with torch.no_grad():
+        z = method.embed(method.backbone(images))
+        method.prototypes.weight.copy_(-F.normalize(z.mean(0), dim=0).expand(K, -1))
+        method.prototypes.weight[3] *= -1  # the only one facing the embeddings
+    before, rng = {k: v.clone() for k, v in method.state_dict().items()}, torch.get_rng_state()
+    assert method.health(on_images)["prototype_usage"] == pytest.approx(1.0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, before[k]) for k, v in method.state_dict().items())

@@ -65,13 +65,14 @@ def test_monitor_due_every_n_epochs_and_after_the_last():
     assert not any(Monitor(every=0).due(e, 5) for e in range(1, 6))
 
 
-def test_monitors_do_not_change_training(tmp_path, method_config):
+@pytest.mark.parametrize("method, health", [("moco", []), ("dino", ["teacher_entropy", "teacher_usage"])])
+def test_monitors_do_not_change_training(tmp_path, method_config, method, health):
     """The same run with the monitors after every epoch and without: every tensor of the checkpoint
     and every logged loss identical; the monitored one logs its measures each epoch and run.json
     records the last. moco has batch norm, a momentum encoder and a queue, which an encoder run in
-    train mode, or a monitor that drew from the training's generators, would move. (The whole default
-    with the monitors on gives every value of the table without them: benchmarks/RESULTS.md.)"""
-    method = "moco"
+    train mode, or a monitor that drew from the training's generators, would move; dino's monitors
+    also run its teacher and centre (Method.health). (The whole default with the monitors on gives
+    every value of the table without them: benchmarks/RESULTS.md.)"""
     cfg = method_config(method)
     monitor = {"every": 1, "k": 20, "temperature": 0.07, "holdout": 0.2}
     off = pretrain(METHODS_DIR / method, cfg, 0, tmp_path / "off", progress=False)
@@ -89,7 +90,8 @@ def test_monitors_do_not_change_training(tmp_path, method_config):
         log_off["loss"].tolist() == log_on["loss"].tolist()
         and log_off["lr"].tolist() == log_on["lr"].tolist()
     )
-    assert not {"knn_top1", "rankme", "feature_std"} & set(log_off.columns)
+    assert not {"knn_top1", "rankme", "feature_std", *health} & set(log_off.columns)
+    assert log_on[health].notna().all().all() and set(health) <= set(log_on.columns)
     assert log_on["knn_top1"].between(0, 1).all() and (log_on["rankme"] >= 1).all()
     assert (log_on["feature_std"] > 0).all() and (log_on["monitor_seconds"] > 0).all()
     assert (log_on["peak_memory_mb"] > 0).all()
