@@ -47,6 +47,8 @@ rule pretrain:
         code=code("pretrain"),
         # what the job measures while it trains (not a training setting: its run's settings stay the same)
         monitor=json.dumps(config["monitor"], sort_keys=True),
+        # the trackers that also get the log (not a training setting either)
+        logging=json.dumps(config["logging"], sort_keys=True),
     threads: JOB["pretrain"].threads
     resources:
         **JOB["pretrain"].resources,
@@ -57,7 +59,8 @@ rule pretrain:
     shell:
         "{params.launcher} pretrain --method-dir {params.method_dir:q} --config-json {params.cfg:q} "
         "--seed {wildcards.seed} --out {params.run_dir:q} --features-out {output.features:q} "
-        "{params.prepared} --monitor-json {params.monitor:q} --threads {threads} --quiet > {log:q} 2>&1"
+        "{params.prepared} --monitor-json {params.monitor:q} --logging-json {params.logging:q} "
+        "--threads {threads} --quiet > {log:q} 2>&1"
 
 
 rule import_released:

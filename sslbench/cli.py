@@ -54,6 +54,8 @@ def cmd_pretrain(args) -> None:
     from sslbench import atomic
     from sslbench.extract.features import extract_after_training
     from sslbench.pretrain.checkpoints import finished_run
+    from sslbench.pretrain.progress import logged_rows
+    from sslbench.pretrain.trackers import Trackers
     from sslbench.pretrain.trainer import pretrain
 
     run = (args.out, args.config_json, args.seed, args.method_dir, args.features_out, args.prepared)
@@ -62,6 +64,9 @@ def cmd_pretrain(args) -> None:
             f"[sslbench] {args.out} holds this run, finished (same settings, seed, code and data): kept, "
             "not trained again (delete its checkpoint.pt to train it again)"
         )
+        trackers = Trackers(args.logging_json, args.out, {**args.config_json, "seed": args.seed})
+        trackers.replay(logged_rows(args.out))  # to a tracker turned on since it trained
+        trackers.close()
         return
     with atomic.digests_of_a_failed_job_removed(Path(args.out) / "checkpoint.pt", args.features_out):
         checkpoint = pretrain(
@@ -73,6 +78,7 @@ def cmd_pretrain(args) -> None:
             progress=not args.quiet,
             prepared=args.prepared,
             monitor=args.monitor_json,
+            logging=args.logging_json,
         )
         if args.features_out:  # the pretraining set's features, without a process of their own
             extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
@@ -244,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         type=json_argument,
         default={"every": 0},
         help="the config's `monitor` section (JSON): what to measure while training; default: nothing",
+    )
+    p.add_argument(
+        "--logging-json",
+        type=json_argument,
+        default={},
+        help="the config's `logging` section (JSON): the trackers that also get the log; default: none",
     )
     p.set_defaults(func=cmd_pretrain)
 

@@ -81,6 +81,15 @@ def epoch_line(rows: list[dict], epochs: int) -> str:
     )
 
 
+def logged_rows(run_dir: str | Path) -> list[dict]:
+    """The rows of a run folder's train_log.csv, as strings (none where it has no log)."""
+    try:
+        with open(Path(run_dir) / "train_log.csv", newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+
+
 @dataclass(frozen=True)
 class RunProgress:
     """A run folder's state: ``rows`` of its train_log.csv, ``finished`` when run.json is newer than the
@@ -117,8 +126,7 @@ def run_progress(folder: str | Path, epochs: int, now: float | None = None) -> R
     log, run = folder / "train_log.csv", folder / "run.json"
     try:
         written = log.stat().st_mtime
-        with open(log, newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = logged_rows(folder)
     except (OSError, csv.Error):
         return None
     try:

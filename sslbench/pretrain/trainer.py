@@ -45,6 +45,7 @@ from sslbench.pretrain.checkpoints import CHECKPOINT_DIR, EpochCheckpoints, prep
 from sslbench.pretrain.monitors import COLUMNS as MONITOR_COLUMNS
 from sslbench.pretrain.monitors import Monitor
 from sslbench.pretrain.progress import epoch_line
+from sslbench.pretrain.trackers import Trackers
 from sslbench.provenance import code_record, provenance
 
 
@@ -117,10 +118,13 @@ class Trainer:
         progress: bool = True,
         prepared: str | Path | None = None,
         monitor: dict | None = None,
+        logging: dict | None = None,
     ):
         self.cfg, self.seed, self.out_dir = cfg, seed, Path(out_dir)
         self.monitor_settings = monitor or {}  # the config's `monitor` section: not a training setting
         self.monitor = Monitor(**self.monitor_settings)
+        # the config's `logging`: trackers that also get the log, with the run's settings
+        self.trackers = Trackers(logging if dist.is_main() else None, self.out_dir, {**cfg, "seed": seed})
         self.method_dir = Path(method_dir)
         self.train_cfg = cfg["train"]
         self.device = dist.init_from_env(device)
@@ -365,6 +369,7 @@ class Trainer:
         """Train (resuming if possible) and write the final checkpoint; return its path."""
         start = time.perf_counter()
         self.resume()
+        self.trackers.replay(self.log_rows)  # the rows of a resumed run, once each
         epochs = self.train_cfg["epochs"] if self.method.trains else 0
         if dist.is_main():
             print(
@@ -378,9 +383,11 @@ class Trainer:
                 row.update(self.monitor_row())
             self.save_epoch_checkpoint()
             self._write_log()
+            self.trackers.log(row)
             if dist.is_main():  # in the job's log too (--quiet hides the step bar only)
                 print(epoch_line(self.log_rows, epochs), flush=True)
         self._write_log()
+        self.trackers.close()
         return self.save_final(time.perf_counter() - start)
 
     def monitor_row(self) -> dict[str, float]:
