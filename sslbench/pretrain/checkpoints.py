@@ -1,5 +1,7 @@
-"""A run's checkpoints: one per epoch to resume from (the newest ``KEEP_CHECKPOINTS`` kept), and the
-final checkpoint.pt with run.json, which extraction and the report read.
+"""A run's checkpoints: one per epoch to resume from (the newest ``KEEP_CHECKPOINTS`` kept), one
+within an epoch where a job was told to stop (preempted: ``epoch_<e>_step_<k>.pt``, the state after
+step k of epoch e + 1, until the epoch's own checkpoint replaces it), and the final checkpoint.pt with
+run.json, which extraction and the report read.
 
 An epoch checkpoint of other settings is never resumed: it is set aside under
 checkpoints/superseded/ before this run writes its own. One whose state does not fit the method's
@@ -18,6 +20,7 @@ from sslbench.errors import SslbenchError, UnreadableFileError
 CHECKPOINT_DIR = "checkpoints"
 KEEP_CHECKPOINTS = 2
 SUPERSEDED_DIR = "superseded"  # under CHECKPOINT_DIR: checkpoints of other settings, kept, never resumed
+WITHIN_PATTERN = "epoch_*_step_*.pt"  # checkpoints within an epoch, written when a job is told to stop
 
 
 class CheckpointMismatch(SslbenchError, ValueError):
@@ -56,12 +59,36 @@ class EpochCheckpoints:
         self.superseded: list[Path] = []  # checkpoints of other settings found by newest()
 
     def save(self, epoch: int, checkpoint: dict) -> None:
-        """Write epoch ``epoch``'s checkpoint atomically and prune all but the newest ones."""
+        """Write epoch ``epoch``'s checkpoint atomically and prune all but the newest ones, and every
+        checkpoint within an epoch (this one holds more)."""
         self.set_aside_superseded()
         atomic.save_torch(self.folder / f"epoch_{epoch:04d}.pt", checkpoint, record_digest=True)
-        for old in sorted(self.folder.glob("epoch_*.pt"))[:-KEEP_CHECKPOINTS]:
+        for old in self.epoch_files()[:-KEEP_CHECKPOINTS] + sorted(self.folder.glob(WITHIN_PATTERN)):
             old.unlink()
             atomic.digest_file(old).unlink(missing_ok=True)
+
+    def save_within(self, epoch: int, batch: int, checkpoint: dict) -> Path:
+        """Write the checkpoint after step ``batch`` of the epoch that follows ``epoch`` completed ones."""
+        self.set_aside_superseded()
+        path = self.folder / f"epoch_{epoch:04d}_step_{batch:06d}.pt"
+        atomic.save_torch(path, checkpoint, record_digest=True)
+        return path
+
+    def epoch_files(self) -> list[Path]:
+        return sorted(p for p in self.folder.glob("epoch_*.pt") if not p.match(WITHIN_PATTERN))
+
+    def within(self, epoch: int, cfg: dict, seed: int, device) -> tuple[Path, dict] | None:
+        """(path, contents) of the newest readable checkpoint within the epoch after ``epoch`` completed
+        ones, of these settings; None where there is none."""
+        for path in sorted(self.folder.glob(f"epoch_{epoch:04d}_step_*.pt"), reverse=True):
+            try:
+                ckpt = atomic.load_torch(path, "checkpoint within an epoch", device)
+            except UnreadableFileError as err:
+                print(f"[sslbench] ignoring unreadable checkpoint {path}: {err.problem}")
+                continue
+            if ckpt.get("cfg") == cfg and ckpt.get("seed") == seed:
+                return path, ckpt
+        return None
 
     def set_aside_superseded(self) -> None:
         """Move the checkpoints of other settings into checkpoints/superseded/ before this run writes
@@ -84,7 +111,7 @@ class EpochCheckpoints:
         one (or one whose recorded digest differs) is skipped with a warning; one whose method state
         differs from ``state`` in keys or shapes (another version of ``method_file`` wrote it) raises
         CheckpointMismatch."""
-        for path in sorted(self.folder.glob("epoch_*.pt"), reverse=True):
+        for path in reversed(self.epoch_files()):
             try:
                 ckpt = atomic.load_torch(path, "epoch checkpoint", device)
             except UnreadableFileError as err:  # an older one (or a fresh start) loses less than stopping

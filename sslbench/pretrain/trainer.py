@@ -11,8 +11,10 @@ the step and the end of a step (see ``sslbench.kit.method``).
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,7 +28,7 @@ from sslbench.backbones import backbone_from_config, feature_reader
 from sslbench.data.containers import Dataset
 from sslbench.data.images import dataset_stats
 from sslbench.data.registry import load_data
-from sslbench.errors import ConfigError
+from sslbench.errors import ConfigError, SslbenchError
 from sslbench.kit.method import DataInfo, EpochContext, Method, checked_param_groups
 from sslbench.kit.momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from sslbench.optim import (
@@ -47,6 +49,13 @@ from sslbench.pretrain.monitors import Monitor
 from sslbench.pretrain.progress import epoch_line
 from sslbench.pretrain.trackers import Trackers
 from sslbench.provenance import code_record, provenance
+
+
+def every_rank(state: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+    """A generator state (a byte tensor) of every rank, in rank order: one element in one process."""
+    if not dist.is_initialized():
+        return [state]
+    return list(dist.gather(state.to(device)[None]).cpu())
 
 
 def epoch_generators(seed: int, epoch: int, rank: int) -> tuple[torch.Generator, torch.Generator]:
@@ -103,6 +112,16 @@ class TrainState:
     epoch: int = 0  # completed epochs
     step: int = 0
     last_finite_loss: float | None = None
+    interruptions: list = field(default_factory=list)  # {epoch, step, signal} of each stop it was told
+
+
+# A job told to stop (a scheduler's warning before preemption: SLURM's --signal=USR1@<s>, or SIGTERM)
+# writes a checkpoint after the step it is in and ends; its rerun continues from that step.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class Preempted(SslbenchError):
+    """The job was told to stop: its checkpoint within the epoch is written, and a rerun resumes it."""
 
 
 class Trainer:
@@ -169,6 +188,8 @@ class Trainer:
         self.state = TrainState()
         self.log_rows: list[dict] = []
         self.checkpoints = EpochCheckpoints(self.out_dir)
+        self.within: tuple[Path, dict] | None = None  # a checkpoint within the next epoch, to resume
+        self.stop_signal: int | None = None  # set by the handler of STOP_SIGNALS (fit)
 
     # --- data -------------------------------------------------------------------------------
     def method_views(self, augment, image_size: int) -> list:
@@ -242,6 +263,7 @@ class Trainer:
             "epoch": self.state.epoch,
             "step": self.state.step,
             "last_finite_loss": self.state.last_finite_loss,
+            "interruptions": self.state.interruptions,
             "method_state": self.method.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "log": self.log_rows,
@@ -258,16 +280,25 @@ class Trainer:
         found = self.checkpoints.newest(
             self.cfg, self.seed, self.method.state_dict(), self.device, self.method_dir / "method.py"
         )
-        if found is None:
-            return False
-        path, ckpt = found
+        if found is not None:
+            path, ckpt = found
+            self.load_state(ckpt)
+            self.log_rows = ckpt["log"]
+            print(f"[sslbench] resumed from {path} (epoch {self.state.epoch})")
+        # A stop within the next epoch: it resumes once that epoch has started as it did (train_epoch).
+        self.within = self.checkpoints.within(self.state.epoch, self.cfg, self.seed, self.device)
+        if self.within is not None:
+            print(f"[sslbench] resuming from {self.within[0]} once its epoch has started again")
+        return found is not None or self.within is not None
+
+    def load_state(self, ckpt: dict) -> None:
+        """The method, optimiser and counters of a checkpoint (an epoch's or one within an epoch)."""
         if self.optimizer is not None:  # validates the groups before it changes anything
             self.optimizer.load_state_dict(ckpt["optimizer"])
         self.method.load_state_dict(ckpt["method_state"])
-        self.state = TrainState(ckpt["epoch"], ckpt["step"], ckpt["last_finite_loss"])
-        self.log_rows = ckpt["log"]
-        print(f"[sslbench] resumed from {path} (epoch {self.state.epoch})")
-        return True
+        self.state = TrainState(
+            ckpt["epoch"], ckpt["step"], ckpt["last_finite_loss"], list(ckpt.get("interruptions", []))
+        )
 
     # --- the loop ---------------------------------------------------------------------------
     def _diverged(self, value: float, batch: int) -> str:
@@ -332,11 +363,13 @@ class Trainer:
         order_gen, view_gen, ctx, hook_seconds = self.start_epoch()
         mine = slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
         index_batches = [batch[mine] for batch in self.epoch_batches(order_gen)]  # each rank its shard
-        image_batches = self.images.iterate(index_batches)
-        total, seen = 0.0, 0
+        first, total, seen, earlier_seconds = 0, 0.0, 0, 0.0
+        if self.within is not None:  # the epoch a stop cut short, started again: on from its last step
+            first, total, seen, earlier_seconds = self.continue_within(view_gen, ctx)
+        image_batches = self.images.iterate(index_batches[first:])
         t_steps = time.perf_counter()
         bar = tqdm(
-            range(self.steps_per_epoch),
+            range(first, self.steps_per_epoch),
             desc=f"{self.cfg['method']} epoch {epoch + 1}",
             disable=not self.progress,
             leave=False,
@@ -348,10 +381,14 @@ class Trainer:
             total += value
             seen += len(idx) * self.world
             bar.set_postfix(loss=f"{value:.4f}")
+            if self.told_to_stop():
+                seconds = earlier_seconds + time.perf_counter() - t_steps
+                self.stop_within(batch + 1, view_gen, ctx, total, seen, seconds)
         if self.on_cuda:
             torch.cuda.synchronize()
-        step_seconds = time.perf_counter() - t_steps
+        step_seconds = earlier_seconds + time.perf_counter() - t_steps
         self.state.epoch += 1
+        stops = sum(1 for stop in self.state.interruptions if stop["epoch"] == self.state.epoch)
         row = {
             "epoch": self.state.epoch,
             "loss": total / self.steps_per_epoch,
@@ -360,10 +397,74 @@ class Trainer:
             "seconds": step_seconds + hook_seconds,
             "hook_seconds": hook_seconds,
             "peak_memory_mb": self.peak_memory_mb(),
+            **({"stops": stops} if stops else {}),  # the times a job was told to stop within it
             **ctx.log,
         }
         self.log_rows.append(row)
         return row
+
+    # --- stopping within an epoch, and going on from there ------------------------------------
+    def catch_stop_signals(self) -> dict:
+        """Handlers of STOP_SIGNALS that note the signal (acted on after the step: ``told_to_stop``);
+        the handlers they replace. Only the main thread can set them (elsewhere: none set)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def note(signum, frame):
+            self.stop_signal = signum
+
+        return {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+
+    def told_to_stop(self) -> bool:
+        """Whether a stop signal came (to any rank: all stop after the same step)."""
+        told = self.stop_signal is not None
+        if self.world > 1:
+            told = bool(dist.all_reduce_sum(torch.tensor([float(told)], device=self.device)).item())
+        return told
+
+    def stop_within(self, batch: int, view_gen, ctx: EpochContext, total: float, seen: int, seconds: float):
+        """Write the checkpoint after step ``batch`` of this epoch, with what going on from there
+        needs beyond an epoch checkpoint (every rank's generators, the epoch's sums so far), and end."""
+        told = self.stop_signal
+        name = signal.Signals(told).name if told is not None else "another rank's signal"
+        self.state.interruptions.append({"epoch": self.state.epoch + 1, "step": batch, "signal": name})
+        cuda = torch.cuda.get_rng_state(self.device) if self.on_cuda else None
+        within = {
+            "batch": batch,
+            "total": total,
+            "seen": seen,
+            "seconds": seconds,
+            "log": dict(ctx.log),
+            "view_rng": every_rank(view_gen.get_state(), self.device),
+            "torch_rng": every_rank(torch.get_rng_state(), self.device),
+            "cuda_rng": every_rank(cuda, self.device) if cuda is not None else None,
+        }
+        if dist.is_main():
+            checkpoint = {**self._checkpoint(), "within_epoch": within}
+            self.checkpoints.save_within(self.state.epoch, batch, checkpoint)
+        dist.barrier()
+        raise Preempted(
+            f"{self.cfg['method']} seed {self.seed}: told to stop ({name}) in epoch {self.state.epoch + 1}; "
+            f"its state after step {batch} is in {self.checkpoints.folder}. Run the job again (snakemake "
+            "reruns it) to go on from there."
+        )
+
+    def continue_within(self, view_gen, ctx: EpochContext) -> tuple[int, float, int, float]:
+        """The state a stop wrote within this epoch, loaded over the epoch's fresh start (whose hook has
+        run again exactly as it first did, so the method's own attributes are those of the epoch):
+        (first step to run, the epoch's loss sum and images so far, its step seconds so far)."""
+        path, ckpt = self.within
+        self.within = None
+        within = ckpt["within_epoch"]
+        self.load_state(ckpt)
+        view_gen.set_state(within["view_rng"][self.rank])
+        torch.set_rng_state(within["torch_rng"][self.rank])
+        if self.on_cuda and within["cuda_rng"] is not None:
+            torch.cuda.set_rng_state(within["cuda_rng"][self.rank], self.device)
+        ctx.log.update(within["log"])
+        ctx.step = self.state.step
+        print(f"[sslbench] going on from step {within['batch']} of epoch {self.state.epoch + 1} ({path})")
+        return within["batch"], within["total"], within["seen"], within["seconds"]
 
     def fit(self) -> Path:
         """Train (resuming if possible) and write the final checkpoint; return its path."""
@@ -377,17 +478,22 @@ class Trainer:
                 f"{self.steps_per_epoch} steps on {self.device}",
                 flush=True,
             )
-        while self.state.epoch < epochs:
-            row = self.train_epoch()
-            if self.monitor.due(row["epoch"], epochs):
-                row.update(self.monitor_row())
-            self.save_epoch_checkpoint()
-            self._write_log()
-            self.trackers.log(row)
-            if dist.is_main():  # in the job's log too (--quiet hides the step bar only)
-                print(epoch_line(self.log_rows, epochs), flush=True)
+        replaced = self.catch_stop_signals()
+        try:
+            while self.state.epoch < epochs:
+                row = self.train_epoch()
+                if self.monitor.due(row["epoch"], epochs):
+                    row.update(self.monitor_row())
+                self.save_epoch_checkpoint()
+                self._write_log()
+                self.trackers.log(row)
+                if dist.is_main():  # in the job's log too (--quiet hides the step bar only)
+                    print(epoch_line(self.log_rows, epochs), flush=True)
+        finally:
+            self.trackers.close()
+            for sig, handler in replaced.items():
+                signal.signal(sig, handler)
         self._write_log()
-        self.trackers.close()
         return self.save_final(time.perf_counter() - start)
 
     def monitor_row(self) -> dict[str, float]:
@@ -454,6 +560,7 @@ class Trainer:
             ),
             "peak_gpu_memory_bytes": peak,
             "monitor": self.monitor_summary(),
+            "interruptions": self.state.interruptions,  # each stop it was told, and where it went on
             "fast_paths": self.fast_paths(),
             **provenance(self.device, "pretrain", self.method_dir),  # git_dirty: also its untracked files
             "code": code_record("pretrain", self.method_dir),  # the files this job ran, with their sha256
