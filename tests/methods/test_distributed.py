@@ -1,5 +1,7 @@
 """The DDP contract: every method, run by 2 processes (real torch.distributed, gloo on the CPU, launched
-by torchrun), computes what one process computes on the whole batch.
+by torchrun), computes what one process computes on the whole batch: 2 processes of one torchrun
+(one node), and 2 torchrun agents of one process each meeting at a c10d rendezvous on 127.0.0.1 (two
+nodes, as two machines meet; gloo over TCP).
 
 Every folder under methods/ is checked (discovery, not a list), and tests/methods/exerciser (parameter
 groups under LARS, a cosine momentum pair, multi-crop views, a gradient hook), through the engine's own
@@ -35,6 +37,7 @@ The hook runs as at the start of epoch ``HOOK_EPOCH`` of the default 30, where t
 """
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -78,15 +81,37 @@ GLOBAL_BATCH = 32  # 16 per rank: several images per class on each rank (SupCon'
 HOOK_EPOCH = 4
 
 
-def torchrun(*args: str, timeout=300) -> subprocess.CompletedProcess:
+def torchrun(*args: str, timeout=300, nodes: int = 1) -> subprocess.CompletedProcess:
+    """2 processes: one agent with --standalone (nodes 1), or two agents of one process each with
+    --nnodes 2 and a c10d rendezvous on a free port of 127.0.0.1 (nodes 2)."""
     # the script imports the tests' helpers (support.py) as pytest does: tests/ on the path
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
     }
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    run = [sys.executable, "-m", "torch.distributed.run"]
+    if nodes == 1:
+        cmd = [*run, "--standalone", "--nproc-per-node", "2", *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    meet = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    meet += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"two-nodes-{port}"]
+    agents = [
+        subprocess.Popen(
+            [*run, *meet, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(nodes)
+    ]
+    outs = [agent.communicate(timeout=timeout) for agent in agents]
+    return subprocess.CompletedProcess(
+        agents[0].args,
+        max(agent.returncode for agent in agents),
+        "".join(out for out, _ in outs),
+        "".join(err for _, err in outs),
+    )
 
 
 def contract_config(case: str) -> dict:
@@ -131,23 +156,30 @@ def ddp_main(out_dir: str, cases: list[str]) -> None:
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
     out = Path(out_dir)
+    launch = {key: int(os.environ[key]) for key in ("GROUP_RANK", "LOCAL_WORLD_SIZE")}  # torchrun's node
+    torch.save(launch, out / f"launch.rank{dist.rank()}.pt")
     for case in cases:
         record = contract_record(case, out / case)
         torch.save(record, out / f"{case}.rank{dist.rank()}.pt")
     dist.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=[1, 2], ids=["one_node", "two_nodes"])
 def ddp_records(request, tmp_path_factory):
-    """Both ranks' records of every case this session runs (`-k my_method` runs its cases alone)."""
+    """Both ranks' records of every case this session runs (`-k my_method` runs its cases alone), on
+    one node or two."""
     out = tmp_path_factory.mktemp("ddp")
-    selected = [
+    selected = {
         item.callspec.params["case"]
         for item in request.session.items
         if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params
-    ]
-    run = torchrun(__file__, str(out), *selected, timeout=600)
+    }
+    run = torchrun(__file__, str(out), *sorted(selected), timeout=600, nodes=request.param)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    launches = [torch.load(out / f"launch.rank{r}.pt") for r in (0, 1)]
+    nodes = sorted(launch["GROUP_RANK"] for launch in launches)  # each node's agent: its group rank
+    assert nodes == ([0, 0] if request.param == 1 else [0, 1]), launches
+    assert all(launch["LOCAL_WORLD_SIZE"] == 3 - request.param for launch in launches), launches
     return lambda case: [torch.load(out / f"{case}.rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
