@@ -155,7 +155,8 @@ def cmd_status(args) -> None:
         (RUN_DIR.format(pretrain=p, method=plan.slugs[m], seed=s), plan.runs[p, m]["train"]["epochs"])
         for p, m, s in plan.run_seeds(config["seeds"])
     ]
-    print("\n".join(progress_lines(runs)))
+    for line in progress_lines(runs):
+        print(line)
     expected = plan.result_files(config["seeds"])
     jobs = planned_jobs(args.configfile)
     print("\n".join(planned_lines(jobs, refresh_command([], args.configfile))))

@@ -137,11 +137,11 @@ def run_progress(folder: str | Path, epochs: int, now: float | None = None) -> R
 
 
 def progress_lines(runs: list[tuple[str, int]]) -> list[str]:
-    """`sslbench status`'s lines on pretraining, from the (run folder, epochs) of a plan's runs: those
-    not finished (in progress or stopped) first, then the finished ones; nothing where no run has
-    trained an epoch yet."""
+    """`sslbench status`'s lines on pretraining, from the (run folder, epochs) of a plan's runs, while
+    one is not finished (in progress or stopped): those first, then the finished ones. Nothing where
+    every run that trained an epoch has finished (the plan's lines say the rest)."""
     states = [s for folder, epochs in runs if (s := run_progress(folder, epochs)) is not None and s.rows]
-    if not states:
+    if all(s.finished for s in states):
         return []
     states.sort(key=lambda s: s.finished)
     going = sum(not s.finished for s in states)

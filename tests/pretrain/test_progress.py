@@ -72,4 +72,4 @@ def test_status_lists_the_unfinished_runs_first_and_leaves_out_those_without_an_
     assert lines[1] == f"  {going}  epoch 3/10  loss 5.2500 kNN 0.625 (epoch 2)  21 s left"
     assert lines[2] == f"  {done}  epoch 2/2  loss 4.5000 kNN 0.625  finished"
     assert len(lines) == 3
-    assert progress_lines([(str(floor), 0)]) == []
+    assert progress_lines([(str(done), 2), (str(floor), 0)]) == []  # all finished: the plan says the rest
