@@ -97,7 +97,7 @@ class LocalSlurm:
         self._write_conf()
         self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-i", "-f", str(self.conf)])
         self._wait(
-            lambda: self._run("scontrol", "ping").stdout.count("UP") > 0, "slurmctld answering", timeout
+            lambda: self.run("scontrol", "ping").stdout.count("UP") > 0, "slurmctld answering", timeout
         )
         self._spawn("slurmd", [_binary("slurmd"), "-D", "-f", str(self.conf)])
         self._wait(lambda: self.node_state() == "idle", "the node idle in sinfo", timeout)
@@ -105,7 +105,7 @@ class LocalSlurm:
     def stop(self, timeout: float = 15) -> None:
         """Cancel what is left in our partition, then stop the daemons we started, newest first, by PID."""
         if self.processes.get("slurmctld") and self.processes["slurmctld"].poll() is None:
-            self._run("scancel", "--partition", PARTITION)
+            self.run("scancel", "--partition", PARTITION)
         for name in reversed(list(self.processes)):
             process = self.processes.pop(name)
             if process.poll() is None:
@@ -123,11 +123,11 @@ class LocalSlurm:
 
     # -- queries ---------------------------------------------------------------------------------------
     def node_state(self) -> str:
-        return self._run("sinfo", "-h", "-N", "-o", "%T").stdout.strip()
+        return self.run("sinfo", "-h", "-N", "-o", "%T").stdout.strip()
 
     def jobs(self) -> list[dict[str, str]]:
         """Every job slurmctld still remembers (MinJobAge), as `scontrol show job -o` key=value fields."""
-        out = self._run("scontrol", "show", "job", "-o").stdout
+        out = self.run("scontrol", "show", "job", "-o").stdout
         return [
             dict(field.split("=", 1) for field in line.split() if "=" in field)
             for line in out.splitlines()
@@ -161,7 +161,7 @@ class LocalSlurm:
                     ) from err
                 time.sleep(1)
 
-    def _run(self, *command: str) -> subprocess.CompletedProcess:
+    def run(self, *command: str) -> subprocess.CompletedProcess:
         return subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=30)
 
     def _spawn(self, name: str, command: list[str], **kwargs) -> None:

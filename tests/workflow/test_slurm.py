@@ -5,6 +5,7 @@ with the reason (it fails where SSLBENCH_REQUIRE names slurm, as in CI). The dry
 and snakemake-executor-plugin-slurm.
 """
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 from slurm_cluster import PARTITION, LocalSlurm, SlurmBusy, why_unavailable
 from support import REPO, copy_workflow, require, tiny_suite_config
@@ -29,6 +31,7 @@ RESOURCES = {
     "evaluate": {"threads": 2, "gpus": 0, "mem_mb": 1200, "runtime": 5},
 }
 TABLE_KEYS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol", "metric"]
+PREEMPTED_EPOCHS = 12
 
 
 def workflow_copy(root: Path, resources: dict = RESOURCES) -> Path:
@@ -37,6 +40,8 @@ def workflow_copy(root: Path, resources: dict = RESOURCES) -> Path:
     copy_workflow(root, "profiles")
     cfg = tiny_suite_config()
     cfg.update(methods=["simclr", "random"], seeds=[0], protocols=["knn"], resources=resources)
+    # long enough for the SLURM run to signal its pretrain job mid-run (preempt_when_training)
+    cfg["method_overrides"] = {"simclr": {"train": {"epochs": PREEMPTED_EPOCHS}}}
     # evaluated on another target than the pretraining set, so that extract jobs go through the queue
     cfg["datasets"]["digits6"] = {"name": "digits", "image_size": 6}
     cfg["evaluation"]["targets"] = ["digits6"]
@@ -171,7 +176,7 @@ def local_test_profile(root: Path) -> Path:
             "slurm-status-command": "squeue",  # no accounting database: sacct knows no job
             "slurm-init-seconds-before-status-checks": 6,  # first poll (default 40 s); +10 s per empty poll
             "latency-wait": 5,
-            "retries": 0,
+            "retries": 1,  # the profile's: a preempted job's retry goes on from where it stopped
             "keep-going": False,
             "slurm-keep-successful-logs": True,
         }
@@ -207,25 +212,62 @@ def slurm_and_local_runs(tmp_path_factory):
                 preexec_fn=lambda: os.nice(19),
             )
             try:
-                run = snakemake(
-                    on_slurm,
-                    "results/table.csv",
-                    "--workflow-profile",
-                    "profiles/slurm_local",
-                    env=cluster.env,
-                    timeout=240,
-                )
+                with open(base / "slurm.log", "w") as slurm_log:
+                    slurm_run = subprocess.Popen(
+                        **snakemake_command(
+                            on_slurm,
+                            "results/table.csv",
+                            "--workflow-profile",
+                            "profiles/slurm_local",
+                            env=cluster.env,
+                        ),
+                        stdout=slurm_log,
+                        stderr=subprocess.STDOUT,
+                    )
+                    try:
+                        stopped = preempt_when_training(
+                            cluster, on_slurm / "results/digits/simclr/seed0", slurm_run
+                        )
+                        slurm_run.wait(timeout=400)
+                    finally:
+                        if slurm_run.poll() is None:
+                            slurm_run.kill()
                 timings = {"slurm": time.monotonic() - start}
                 local_run.wait(timeout=240)
                 timings["local"] = (base / "local.log").stat().st_mtime - started  # its last line
             finally:
                 if local_run.poll() is None:
                     local_run.kill()
-        assert run.returncode == 0, run.text + "\n" + cluster.log_tail()
+        text = (base / "slurm.log").read_text()
+        assert slurm_run.returncode == 0, text + "\n" + cluster.log_tail()
         assert local_run.returncode == 0, (base / "local.log").read_text()
-        yield {"local": local, "slurm": on_slurm, "jobs": cluster.jobs(), "timings": timings, "log": run.text}
+        yield {
+            "local": local,
+            "slurm": on_slurm,
+            "jobs": cluster.jobs(),
+            "stopped": stopped,
+            "timings": timings,
+            "log": text,
+        }
     finally:
         cluster.stop()
+
+
+def preempt_when_training(cluster: LocalSlurm, run_dir: Path, dag: subprocess.Popen) -> str:
+    """Once the run's pretrain job has logged an epoch, SLURM signals it as before a preemption
+    (`scancel --signal=USR1`, what `--signal=USR1@<s>` sends before the time limit); its job id."""
+    log, deadline = run_dir / "train_log.csv", time.monotonic() + 300
+    while not (log.is_file() and 2 <= len(log.read_text().splitlines()) <= PREEMPTED_EPOCHS - 2):
+        assert dag.poll() is None and time.monotonic() < deadline, "the pretrain job never logged an epoch"
+        time.sleep(0.2)
+    (job,) = [
+        j
+        for j in cluster.jobs()
+        if j["JobState"] == "RUNNING"
+        and j.get("Comment", "").startswith("rule_pretrain_wildcards_digits_simclr")
+    ]
+    cluster.run("scancel", "--signal=USR1", job["JobId"])
+    return job["JobId"]
 
 
 def test_slurm_run_gives_the_same_table_as_a_local_run(slurm_and_local_runs):
@@ -238,9 +280,27 @@ def test_slurm_run_gives_the_same_table_as_a_local_run(slurm_and_local_runs):
     print("timings (s):", {k: round(v, 1) for k, v in slurm_and_local_runs["timings"].items()})
 
 
+def test_a_pretrain_job_signalled_by_slurm_goes_on_from_its_step_in_its_retry(slurm_and_local_runs):
+    """The job SLURM signalled wrote its state within an epoch and failed; Snakemake's retry went on from
+    there and trained the same bits as the local run, which nothing stopped."""
+    run = slurm_and_local_runs["slurm"] / "results" / "digits" / "simclr" / "seed0"
+    (stop,) = json.loads((run / "run.json").read_text())["meta"]["interruptions"]
+    assert stop["signal"] == "SIGUSR1" and 2 <= stop["epoch"] <= PREEMPTED_EPOCHS, stop
+    assert "going on from step" in (run / "logs" / "pretrain.log").read_text()
+    local = slurm_and_local_runs["local"] / "results" / "digits" / "simclr" / "seed0" / "checkpoint.pt"
+    a, b = (torch.load(path, weights_only=False) for path in (local, run / "checkpoint.pt"))
+    for part in ("encoder", "method_state"):
+        assert all(torch.equal(a[part][key], b[part][key]) for key in a[part]), part
+
+
 def test_every_job_ran_under_slurm_with_its_rules_resources(slurm_and_local_runs):
     assert "Using workflow specific profile profiles/slurm_local" in slurm_and_local_runs["log"]
-    jobs = slurm_and_local_runs["jobs"]
+    stopped = slurm_and_local_runs[
+        "stopped"
+    ]  # told to stop: it wrote its state and failed, then its retry ran
+    (preempted,) = [job for job in slurm_and_local_runs["jobs"] if job["JobId"] == stopped]
+    assert preempted["JobState"] == "FAILED", preempted
+    jobs = [job for job in slurm_and_local_runs["jobs"] if job["JobId"] != stopped]
     rules = [re.match(r"rule_([a-z]+)", job.get("Comment", "")).group(1) for job in jobs]
     # collect and report are local rules: they run on the submitting node, not through the queue
     assert sorted(rules) == ["evaluate", "evaluate", "extract", "extract", "pretrain", "pretrain"]
