@@ -3,14 +3,16 @@ reads from a run folder while the DAG runs (its train_log.csv, rewritten after e
 run.json, written when the job ends).
 
 The time left is the epochs left times the mean wall time of the epochs logged so far, their
-monitors included. Whether a job still runs is judged from how long ago its log was written: a
-folder whose log is older than ``STALLED_AFTER`` epochs (at least ``STALLED_MIN_S`` seconds) and
-that has no newer run.json is said to have stopped (killed, preempted or failed).
+monitors included. A run has finished when its run.json was written from this very log (the same
+epochs and the same summed epoch seconds): file dates would not tell, as a failed job's files put back
+by Snakemake get new ones. An unfinished run whose log is older than ``STALLED_AFTER`` epochs (at least
+``STALLED_MIN_S`` seconds) is said to have stopped (killed, preempted or failed).
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -92,8 +94,8 @@ def logged_rows(run_dir: str | Path) -> list[dict]:
 
 @dataclass(frozen=True)
 class RunProgress:
-    """A run folder's state: ``rows`` of its train_log.csv, ``finished`` when run.json is newer than the
-    log, ``age_s`` since the log was last written."""
+    """A run folder's state: ``rows`` of its train_log.csv, ``finished`` when its run.json was written
+    from them (``written_from``), ``age_s`` since the log was last written."""
 
     folder: Path
     epochs: int
@@ -129,11 +131,22 @@ def run_progress(folder: str | Path, epochs: int, now: float | None = None) -> R
         rows = logged_rows(folder)
     except (OSError, csv.Error):
         return None
+    return RunProgress(
+        folder, epochs, rows, written_from(run, rows), (time.time() if now is None else now) - written
+    )
+
+
+def written_from(run_json: Path, rows: list[dict]) -> bool:
+    """Whether ``run_json`` records the end of the training that logged ``rows``: its epochs and its
+    training time, the sum of their seconds (the trainer's ``train_wall_time_s``)."""
     try:
-        finished = run.stat().st_mtime >= written
-    except OSError:
-        finished = False
-    return RunProgress(folder, epochs, rows, finished, (time.time() if now is None else now) - written)
+        meta = json.loads(run_json.read_text())["meta"]
+        seconds = sum(float(row["seconds"]) for row in rows)
+        return meta["epochs_trained"] == len(rows) and math.isclose(
+            meta["train_wall_time_s"], seconds, rel_tol=1e-9
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def progress_lines(runs: list[tuple[str, int]]) -> list[str]:

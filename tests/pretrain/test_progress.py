@@ -40,9 +40,13 @@ def write_log(folder, rows):
     return (folder / "train_log.csv").stat().st_mtime
 
 
-def test_a_folder_is_in_progress_then_stopped_when_no_epoch_comes_and_finished_with_a_newer_run_json(
-    tmp_path,
-):
+def run_json(folder, epochs: int, seconds: float) -> None:
+    (folder / "run.json").write_text(
+        json.dumps({"meta": {"epochs_trained": epochs, "train_wall_time_s": seconds}})
+    )
+
+
+def test_a_run_is_in_progress_then_stopped_when_no_epoch_comes_and_finished_by_its_own_run_json(tmp_path):
     run = tmp_path / "moco" / "seed0"
     written = write_log(run, ROWS)
     going = run_progress(run, 10, now=written + 5)
@@ -52,19 +56,19 @@ def test_a_folder_is_in_progress_then_stopped_when_no_epoch_comes_and_finished_w
     assert not run_progress(run, 10, now=written + 59).stopped
     stopped = run_progress(run, 10, now=written + 61)
     assert stopped.stopped and "stopped: no epoch for 1 min 1 s, and no run.json" in stopped.line()
-    (run / "run.json").write_text(json.dumps({}))
-    os.utime(run / "run.json", (written - 10, written - 10))  # an older run.json: a rerun is in progress
+    run_json(run, 10, 31.5)  # an earlier training's run.json, whatever its date: a rerun is in progress
+    os.utime(run / "run.json", (written + 100, written + 100))
     assert not run_progress(run, 10, now=written + 5).finished
-    os.utime(run / "run.json", (written + 1, written + 1))
+    run_json(run, 2, 6.0)  # written from this log (2 epochs, 2 + 4 s), whatever its date
+    os.utime(run / "run.json", (written - 100, written - 100))
     finished = run_progress(run, 10, now=written + 1000)
     assert finished.finished and not finished.stopped and finished.line().endswith("finished")
 
 
 def test_status_lists_the_unfinished_runs_first_and_leaves_out_those_without_an_epoch(tmp_path):
     done, going, floor = tmp_path / "done", tmp_path / "going", tmp_path / "floor"
-    written = write_log(done, ROWS)
-    (done / "run.json").write_text("{}")
-    os.utime(done / "run.json", (written + 1, written + 1))
+    write_log(done, ROWS)
+    run_json(done, 2, 6.0)
     write_log(going, [*ROWS, {**ROWS[0], "epoch": 3}])  # no monitor at epoch 3: epoch 2's shown
     write_log(floor, [])  # an untrained floor logs no epoch
     lines = progress_lines([(str(done), 2), (str(going), 10), (str(floor), 0), (str(tmp_path / "none"), 10)])
