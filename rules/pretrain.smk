@@ -1,5 +1,6 @@
 # pretrain: one run per (pretraining dataset, method label, seed), which also writes the features of its
 # own dataset (extract does the other targets'). A released run imports its file instead of training.
+from sslbench.launch import prefix as launch_prefix
 from sslbench.provenance import code_digest, method_record
 
 IMPORTED = sorted({PLAN.slugs[label] for (_, label), run in PLAN.runs.items() if "released" in run})
@@ -19,10 +20,11 @@ def method_code(wildcards):
 
 
 def launcher(wildcards, resources):
-    """One process, or torchrun DDP over the GPUs the job asked for."""
-    if resources.gpu > 1:
-        return f"torchrun --standalone --nproc-per-node {resources.gpu} -m sslbench.cli"
-    return "sslbench"
+    """One process, torchrun DDP over the GPUs the job asked for, or one torchrun agent per node (its
+    `tasks`) of a job on several nodes."""
+    if "mpi" in resources.keys():
+        return launch_prefix(resources.nodes, resources.tasks, JOB["pretrain"].gpus)
+    return launch_prefix(1, 1, resources.gpu)
 
 
 rule pretrain:

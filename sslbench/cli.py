@@ -84,6 +84,13 @@ def cmd_pretrain(args) -> None:
             extract_after_training(checkpoint, args.features_out, device=args.device, prepared=args.prepared)
 
 
+def cmd_launch(args) -> None:
+    from sslbench.launch import run
+
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    run(args.nodes, args.agents, args.gpus, rest, args.in_step)
+
+
 def cmd_import(args) -> None:
     from sslbench import atomic
     from sslbench.extract.features import extract_after_training
@@ -259,6 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the config's `logging` section (JSON): the trackers that also get the log; default: none",
     )
     p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser(
+        "launch", help="a pretrain command under torchrun: on this machine's GPUs, or one agent per node"
+    )
+    p.add_argument("--gpus", type=int, default=1, help="processes per node (one per GPU)")
+    p.add_argument("--nodes", type=int, default=1, help="the nodes of the SLURM allocation")
+    p.add_argument("--agents", type=int, default=1, help="torchrun agents (one per node)")
+    p.add_argument("--in-step", action="store_true", help="(set by the job itself) run this node's agent")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- pretrain <its arguments>")
+    p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("import", help="released weights as a run's checkpoint (no training)")
     run_arguments(p, "checkpoint.pt, run.json")

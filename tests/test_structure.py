@@ -43,7 +43,7 @@ def sources(*folders: str) -> list[Path]:
 # The stages are folders (plan -> pretrain -> extract -> evaluate -> collect -> report); a name is a
 # module or a folder, and the longest that matches a module places it.
 LAYERS = [
-    ["errors", "atomic", "kernels", "provenance", "memo"],
+    ["errors", "atomic", "kernels", "provenance", "memo", "launch"],
     ["kmeans", "knn", "extract.featurefile", "data.files", "weightfiles"],  # file formats every stage reads
     ["data"],  # the dataset registry, specs, loaders (data.datasets), containers, prepared files
     ["augment", "backbones", "distributed", "optim", "plan.limits"],  # plan.limits: numbers alone

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 
 def pretrain_processes(config: dict) -> int:
-    """The processes a pretrain job runs on: one, or torchrun's one per GPU (`resources.pretrain.gpus`)."""
-    return max(1, int(config["resources"]["pretrain"].get("gpus", 0) or 0))
+    """The processes a pretrain job runs on: one, or torchrun's one per GPU (`resources.pretrain.gpus`)
+    on each of its `nodes`."""
+    job = config["resources"]["pretrain"]
+    return max(1, int(job.get("gpus", 0) or 0)) * int(job.get("nodes", 1) or 1)
 
 
 def pretrain_batch_problem(batch_size: int, train_images: int, processes: int, dataset: str) -> str | None:

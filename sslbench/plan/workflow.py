@@ -22,19 +22,32 @@ from sslbench.plan.settings import METHOD_SECTIONS, missing_config
 
 
 class JobRequest(NamedTuple):
-    """What each job of a rule asks of the scheduler: its ``threads`` and its snakemake ``resources``."""
+    """What each job of a rule asks of the scheduler: its ``threads`` and its snakemake ``resources``;
+    ``gpus``: the GPUs of each node it runs on."""
 
     threads: int
     resources: dict  # gpu, mem_mb, runtime (minutes): the names the SLURM plugin turns into sbatch options
+    gpus: int
 
 
 def job_requests(sections: Mapping[str, Mapping]) -> dict[str, JobRequest]:
     """{rule: its JobRequest} from the config's `resources` section ({rule: {threads, gpus, mem_mb,
-    runtime}}), each key left out taking its default."""
+    runtime, nodes}}), each key left out taking its default.
+
+    A job on several nodes is, for the SLURM plugin, an "MPI" job of one task per node: it gets
+    ``--nodes``, ``--ntasks`` and the GPUs of each node as ``--gres=gpu:<gpus>`` (``--gpus`` would count
+    the whole job's), and its own command starts the tasks with srun (``sslbench.launch``)."""
     requests = {}
     for rule, spec in sections.items():
         gpu, mem_mb, runtime = spec.get("gpus", 0), spec.get("mem_mb", 4000), spec.get("runtime", 30)
-        requests[rule] = JobRequest(spec.get("threads", 1), dict(gpu=gpu, mem_mb=mem_mb, runtime=runtime))
+        resources = dict(gpu=gpu, mem_mb=mem_mb, runtime=runtime)
+        nodes = spec.get("nodes", 1)
+        if nodes > 1:
+            # tasks_per_gpu 0: the plugin would otherwise turn `tasks` into --ntasks-per-gpu
+            resources.update(gpu=0, nodes=nodes, tasks=nodes, mpi="srun", tasks_per_gpu=0)
+            if gpu:
+                resources["gres"] = f"gpu:{gpu}"
+        requests[rule] = JobRequest(spec.get("threads", 1), resources, gpu)
     return requests
 
 

@@ -52,10 +52,12 @@ from sslbench.provenance import code_record, provenance
 
 
 def every_rank(state: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-    """A generator state (a byte tensor) of every rank, in rank order: one element in one process."""
+    """A generator state (a byte tensor) of every rank, in rank order: one element in one process. Each
+    its own tensor, not a row of the gathered one, which a checkpoint would keep as a view at a storage
+    offset: a generator given that state crashes the process (seen on rank 1 of a resumed run)."""
     if not dist.is_initialized():
         return [state]
-    return list(dist.gather(state.to(device)[None]).cpu())
+    return [row.clone() for row in dist.gather(state.to(device)[None]).cpu()]
 
 
 def epoch_generators(seed: int, epoch: int, rank: int) -> tuple[torch.Generator, torch.Generator]:

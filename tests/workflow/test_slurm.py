@@ -12,7 +12,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -30,6 +32,11 @@ RESOURCES = {
     "extract": {"threads": 1, "gpus": 0, "mem_mb": 1100, "runtime": 6},
     "evaluate": {"threads": 2, "gpus": 0, "mem_mb": 1200, "runtime": 5},
 }
+# Through SLURM, pretraining runs on "two nodes": two torchrun agents of one process each, which the one
+# node of the local cluster holds side by side (the test profile sets the job's nodes to 1); locally on
+# one torchrun of 2 processes, which must train the same bits.
+SLURM_RESOURCES = {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "nodes": 2}}
+LOCAL_RESOURCES = {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "gpus": 2}}
 TABLE_KEYS = ["pretrain_dataset", "eval_dataset", "method", "seed", "protocol", "metric"]
 PREEMPTED_EPOCHS = 12
 
@@ -39,7 +46,8 @@ def workflow_copy(root: Path, resources: dict = RESOURCES) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     copy_workflow(root, "profiles")
     cfg = tiny_suite_config()
-    cfg.update(methods=["simclr", "random"], seeds=[0], protocols=["knn"], resources=resources)
+    # two protocols: a run's extract job frees two evaluate jobs at once, which SLURM gets as one array
+    cfg.update(methods=["simclr", "random"], seeds=[0], protocols=["knn", "clustering"], resources=resources)
     # long enough for the SLURM run to signal its pretrain job mid-run (preempt_when_training)
     cfg["method_overrides"] = {"simclr": {"train": {"epochs": PREEMPTED_EPOCHS}}}
     # evaluated on another target than the pretraining set, so that extract jobs go through the queue
@@ -108,8 +116,7 @@ def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
     jobs = planned_jobs(out.text)
     assert sorted(j["rule"] for j in jobs) == [
         "collect",
-        "evaluate",
-        "evaluate",
+        *["evaluate"] * 4,  # knn and clustering for each run
         "extract",
         "extract",
         "prepare",  # the pretraining set and the transfer target, decoded once each
@@ -133,7 +140,60 @@ def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
             assert int(res["runtime"]) == defaults["runtime"], job
     # no cap on a cluster: a 4-GPU pretrain job is one torchrun over 4 processes
     for job in (j for j in jobs if j["rule"] == "pretrain"):
-        assert job["command"].startswith("torchrun --standalone --nproc-per-node 4 -m sslbench.cli pretrain")
+        assert job["command"].startswith("sslbench launch --gpus 4 -- pretrain"), job
+
+
+def test_a_pretrain_job_on_two_nodes_asks_slurm_for_one_task_per_node(tmp_path):
+    """nodes 2, gpus 8: the plugin's sbatch line asks for 2 nodes, 2 tasks and 8 GPUs on each node
+    (not 8 in all), and the job's command starts one torchrun agent per node through srun."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    pretrain = {"threads": 16, "gpus": 8, "nodes": 2, "mem_mb": 64000, "runtime": 600}
+    root = workflow_copy(tmp_path / "wf", {**RESOURCES, "pretrain": pretrain})
+    out = snakemake(
+        root,
+        "-n",
+        "results/table.csv",
+        "--workflow-profile",
+        "profiles/slurm",
+        path=path_without_slurm(tmp_path),
+    )
+    assert out.returncode == 0, out.text
+    jobs = [j for j in planned_jobs(out.text) if j["rule"] == "pretrain"]
+    assert len(jobs) == 2
+    for job in jobs:
+        assert job["command"].startswith("sslbench launch --nodes 2 --agents 2 --gpus 8 -- pretrain"), job
+        res = job["resources"]
+        assert (res["nodes"], res["tasks"], res["mpi"], res["gres"], res["gpu"]) == (
+            "2",
+            "2",
+            "srun",
+            "gpu:8",
+            "0",
+        )
+        # what the plugin submits with these resources (its own functions, on the resources as planned)
+        resources = ResourcesView({k: int(v) if v.isdigit() else v for k, v in res.items()})
+        job_view = SimpleNamespace(resources=resources, threads=16)
+        params = {
+            "run_uuid": "u",
+            "slurm_logfile": "log",
+            "comment_str": "c",
+            "account": "",
+            "partition": "",
+            "workdir": "",
+        }
+        sbatch = get_submit_command(job_view, params) + set_gres_string(job_view)
+        assert {"--nodes=2", "--ntasks=2", "--gres=gpu:8", "--cpus-per-task=16"} <= set(sbatch.split()), (
+            sbatch
+        )
+        assert "--gpus" not in sbatch and "--ntasks-per-gpu" not in sbatch, sbatch
+
+
+class ResourcesView(dict):
+    """A job's resources as the plugin reads them: `resources.get(name)` and `resources.name`."""
+
+    __getattr__ = dict.__getitem__
 
 
 def test_default_profile_is_picked_up_and_caps_gpus(tmp_path):
@@ -147,7 +207,7 @@ def test_default_profile_is_picked_up_and_caps_gpus(tmp_path):
     assert "Using workflow specific profile profiles/default" in out.text
     pretrain = [j for j in planned_jobs(out.text) if j["rule"] == "pretrain"]
     assert len(pretrain) == 2 and all(int(j["resources"]["gpu"]) == cap for j in pretrain), pretrain
-    launcher = f"torchrun --standalone --nproc-per-node {cap} " if cap > 1 else "sslbench pretrain"
+    launcher = f"sslbench launch --gpus {cap} -- pretrain" if cap > 1 else "sslbench pretrain"
     assert all(j["command"].startswith(launcher) for j in pretrain), pretrain
 
     # the command line wins over the profile: a 2-GPU machine runs 2-process DDP
@@ -155,8 +215,7 @@ def test_default_profile_is_picked_up_and_caps_gpus(tmp_path):
     assert out.returncode == 0, out.text
     pretrain = [j for j in planned_jobs(out.text) if j["rule"] == "pretrain"]
     assert len(pretrain) == 2 and all(
-        j["command"].startswith("torchrun --standalone --nproc-per-node 2 -m sslbench.cli pretrain")
-        for j in pretrain
+        j["command"].startswith("sslbench launch --gpus 2 -- pretrain") for j in pretrain
     ), pretrain
 
 
@@ -171,6 +230,7 @@ def local_test_profile(root: Path) -> Path:
     for settings in profile.get("set-resources", {}).values():
         if "slurm_partition" in settings:
             settings["slurm_partition"] = PARTITION
+    profile["set-resources"]["pretrain"]["nodes"] = 1  # the one node holds the job's two agents
     profile.update(
         {
             "slurm-status-command": "squeue",  # no accounting database: sacct knows no job
@@ -198,15 +258,15 @@ def slurm_and_local_runs(tmp_path_factory):
             cluster.start()
         except SlurmBusy as busy:
             require("slurm", str(busy))
-        local = workflow_copy(base / "local")
-        on_slurm = workflow_copy(base / "on_slurm")
+        local = workflow_copy(base / "local", LOCAL_RESOURCES)
+        on_slurm = workflow_copy(base / "on_slurm", SLURM_RESOURCES)
         local_test_profile(on_slurm)
         start, started = time.monotonic(), time.time()
         # The local run (profiles/default) goes alongside, niced: it uses the CPU the SLURM run leaves
         # idle while the executor plugin waits between its status polls.
         with open(base / "local.log", "w") as log:
             local_run = subprocess.Popen(
-                **snakemake_command(local, "results/table.csv"),
+                **snakemake_command(local, "results/table.csv", "--resources", "gpu=2"),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=lambda: os.nice(19),
@@ -303,11 +363,41 @@ def test_every_job_ran_under_slurm_with_its_rules_resources(slurm_and_local_runs
     jobs = [job for job in slurm_and_local_runs["jobs"] if job["JobId"] != stopped]
     rules = [re.match(r"rule_([a-z]+)", job.get("Comment", "")).group(1) for job in jobs]
     # collect and report are local rules: they run on the submitting node, not through the queue
-    assert sorted(rules) == ["evaluate", "evaluate", "extract", "extract", "pretrain", "pretrain"]
+    assert sorted(rules) == ["evaluate"] * 4 + ["extract", "extract", "pretrain", "pretrain"]
+    # the profile's slurm-array-jobs: each run's two evaluate jobs, ready together, went as one array
+    arrays = Counter(j.get("ArrayJobId") for j, rule in zip(jobs, rules) if rule == "evaluate")
+    assert sorted(arrays.values()) == [2, 2] and None not in arrays, jobs
     for rule, job in zip(rules, jobs):
         assert job["JobState"] == "COMPLETED" and job["Partition"] == PARTITION, job
         if rule in RESOURCES:  # threads -> --cpus-per-task, mem_mb -> --mem, runtime -> -t
             want = RESOURCES[rule]
+            tasks = 2 if rule == "pretrain" else 1  # one task per node, the two "nodes" on one
             assert job["TimeLimit"] == f"00:{want['runtime']:02d}:00", job
-            assert job["MinMemoryNode"] == f"{want['mem_mb']}M", job
-            assert int(job["NumCPUs"]) == want["threads"], job
+            # an array job asks for a few MB more, for the commands of its tasks that it carries
+            fudge = int(job["MinMemoryNode"].rstrip("M")) - want["mem_mb"]
+            assert fudge == 0 or ("ArrayJobId" in job and 0 < fudge <= 16), job
+            assert (int(job["NumTasks"]), int(job["NumCPUs"])) == (tasks, want["threads"] * tasks), job
+
+
+def test_each_node_of_a_pretrain_job_starts_its_agent_at_the_jobs_rendezvous(slurm_and_local_runs):
+    """The job's srun started one task per node; each ran torchrun for 2 nodes, meeting at the first
+    node, on the port of its job id."""
+    from sslbench.launch import rendezvous_port
+
+    (job,) = [
+        j
+        for j in slurm_and_local_runs["jobs"]
+        if j["JobState"] == "COMPLETED"
+        and j.get("Comment", "").startswith("rule_pretrain_wildcards_digits_simclr")
+    ]
+    log = (slurm_and_local_runs["slurm"] / "results/digits/simclr/seed0/logs/pretrain.log").read_text()
+    launched = re.findall(r"^\[sslbench\] launching: (.*)$", log, re.M)
+    assert launched[0].startswith("srun --nodes 1 --ntasks 2 "), launched
+    endpoint = f"{job['BatchHost']}:{rendezvous_port(job['JobId'])}"
+    agent = (
+        f"torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {endpoint} "
+        f"--rdzv-id sslbench-{job['JobId']} -m sslbench.cli pretrain "
+    )
+    assert len(launched) == 3 and all(line.startswith(agent) for line in launched[1:]), launched
+    run = json.loads((slurm_and_local_runs["slurm"] / "results/digits/simclr/seed0/run.json").read_text())
+    assert run["meta"]["world_size"] == 2
