@@ -160,6 +160,33 @@ def seed_for(*parts: int) -> int:
     )  # < 2**31: faiss wants a C int
 
 
+def sample_lowshot(labels, k: int | float, num_draws: int, seed: int) -> list[np.ndarray]:
+    """`num_draws` index arrays into `labels`, each holding k indices of every class (classes in
+    ascending order, without replacement): an int k is that many images of each class, a float k in
+    (0, 1) that fraction of each class's images (rounded, at least one). Same seed and k: same draws."""
+    labels = to_numpy(labels, "labels")
+    if labels.ndim != 1:
+        raise ValueError(
+            "sample_lowshot takes a vector of class ids; use sample_lowshot_multilabel for [N, C]"
+        )
+    members = [np.flatnonzero(labels == cls) for cls in np.unique(labels)]
+    if isinstance(k, float):
+        if not 0 < k < 1:
+            raise ValueError(f"sample_lowshot: a fraction must lie in (0, 1), got {k}")
+        sizes = [max(1, round(k * len(m))) for m in members]
+        rng = np.random.default_rng(seed_for(seed, round(k * 1e6), 1))  # not any int k's stream
+    else:
+        smallest = min(len(m) for m in members)
+        if not 1 <= k <= smallest:
+            raise ValueError(f"sample_lowshot: k={k}, but the smallest class has {smallest} samples")
+        sizes = [k] * len(members)
+        rng = np.random.default_rng(seed_for(seed, k))
+    return [
+        np.concatenate([rng.choice(m, size=n, replace=False) for m, n in zip(members, sizes)])
+        for _ in range(num_draws)
+    ]
+
+
 def check_metrics(metrics: dict, protocol: str) -> dict[str, float]:
     """Metrics as plain floats; a non-finite value is a bug we refuse to write."""
     out = {name: float(value) for name, value in metrics.items()}

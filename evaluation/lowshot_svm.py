@@ -35,6 +35,7 @@ from .common import (
     available_threads,
     check_metrics,
     resolve_settings,
+    sample_lowshot,
     seed_for,
     to_numpy,
     unpack_features,
@@ -63,22 +64,6 @@ POSITIVE, NEGATIVE, DIFFICULT = 1, -1, 0
 
 
 # ---------------------------------------------------------------- sampling
-def sample_lowshot(labels, k: int, num_draws: int, seed: int) -> list[np.ndarray]:
-    """`num_draws` index arrays into `labels`, each holding exactly k indices of every class
-    (classes in ascending order, without replacement). Same seed and k: same draws."""
-    labels = to_numpy(labels, "labels")
-    if labels.ndim != 1:
-        raise ValueError(
-            "sample_lowshot takes a vector of class ids; use sample_lowshot_multilabel for [N, C]"
-        )
-    members = [np.flatnonzero(labels == cls) for cls in np.unique(labels)]
-    smallest = min(len(m) for m in members)
-    if not 1 <= k <= smallest:
-        raise ValueError(f"sample_lowshot: k={k}, but the smallest class has {smallest} samples")
-    rng = np.random.default_rng(seed_for(seed, k))
-    return [np.concatenate([rng.choice(m, size=k, replace=False) for m in members]) for _ in range(num_draws)]
-
-
 def sample_lowshot_multilabel(targets, k: int, num_draws: int, seed: int) -> list[list[np.ndarray]]:
     """For each draw and class: indices of k positives then (C - 1) * k negatives of that class
     (difficult samples never drawn), as VISSL's VOC07 low-shot sampler."""

@@ -29,8 +29,10 @@ PAPER_FIELDS = (
 METRIC_PATTERNS: dict[str, tuple[str, ...]] = {
     "clustering": (r"ami", r"nmi", r"ari", r"ami_k[0-9.e+-]+x"),  # ami_k{m:g}x
     "finetune": (r"top1", r"top5"),
-    "knn": (r"top[15]_k\d+_t[0-9.e+-]+",),  # top1_k200_t0.1: variant_name(k, temperature)
+    # top1_k200_t0.1: variant_name(k, temperature); few-shot: top1_k1_t0.07_n1_mean (n images per class)
+    "knn": (r"top[15]_k\d+_t[0-9.e+-]+", r"top[15]_k\d+_t[0-9.e+-]+_n\d+_(mean|std)"),
     "linear": (r"top1", r"top5"),
+    "lowshot_logreg": (r"top1_(n\d+|[0-9.e+-]+pct)_(mean|std|draw\d+)",),  # subset_name: n5, 1pct
     "lowshot_svm": (r"map_k\d+_(mean|std|min|max)", r"top1_k\d+_mean"),
     "semisup": (r"top[15]_(1pct|10pct)",),  # FRACTIONS
 }

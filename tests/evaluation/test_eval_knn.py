@@ -109,7 +109,9 @@ def test_features_independent_of_labels_give_chance_accuracy():
 def test_unknown_setting_and_bad_variant_are_errors():
     train, labels, test, c = random_problem(5)
     features = feature_dict(train, labels, test, labels[: len(test)], c)
-    with pytest.raises(ValueError, match=r"'neighbours'.*known settings are \['variants'\]"):
+    with pytest.raises(
+        ValueError, match=r"'neighbours'.*known settings are \['n_per_class', 'n_tries', 'variants'\]"
+    ):
         knn.evaluate(features, {"neighbours": 5}, seed=0)
     with pytest.raises(ValueError, match=r"`evaluation\.knn\.variants\.0`: 'temperature' is a required"):
         knn.evaluate(features, {"variants": [{"k": 5}]}, seed=0)

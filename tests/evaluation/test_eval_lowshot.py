@@ -9,7 +9,7 @@ from sklearn.svm import LinearSVC
 from support import feature_dict
 
 from evaluation import lowshot_svm as ls
-from evaluation.common import seed_for
+from evaluation.common import sample_lowshot, seed_for
 
 FAST = {"ks": [1, 2, 4, 8], "num_draws": 3, "cost_grid": [0.1, 1.0, 10.0]}
 
@@ -25,18 +25,18 @@ def one_hot_problem(seed, num_classes=5, per_class=12, n_test=60, noise=0.02):
 # ---------------------------------------------------------------- sampler
 def test_sampler_draws_exactly_k_per_class_reproducibly_and_only_from_the_given_labels():
     labels = np.random.default_rng(0).integers(0, 6, 300)
-    draws = ls.sample_lowshot(labels, 4, num_draws=5, seed=11)
+    draws = sample_lowshot(labels, 4, num_draws=5, seed=11)
     assert len(draws) == 5
     for draw in draws:
         assert len(set(draw.tolist())) == len(draw) == 24  # no repeats
         assert draw.min() >= 0 and draw.max() < len(labels)  # indexes the train split only
         assert np.bincount(labels[draw], minlength=6).tolist() == [4] * 6
     assert len({tuple(d) for d in draws}) == 5  # independent draws differ
-    again, other = ls.sample_lowshot(labels, 4, 5, seed=11), ls.sample_lowshot(labels, 4, 5, seed=12)
+    again, other = sample_lowshot(labels, 4, 5, seed=11), sample_lowshot(labels, 4, 5, seed=12)
     assert all(np.array_equal(a, b) for a, b in zip(draws, again))
     assert not any(np.array_equal(a, b) for a, b in zip(draws, other))
     with pytest.raises(ValueError, match="smallest class"):
-        ls.sample_lowshot(labels, 1000, 1, seed=0)
+        sample_lowshot(labels, 1000, 1, seed=0)
 
 
 def test_training_and_cost_choice_never_touch_the_test_split():
@@ -207,7 +207,7 @@ def test_cost_choice_and_spread_over_draws_recomputed_independently():
     costs_seen = set()
     for k in settings["ks"]:
         maps = []
-        for d, draw in enumerate(ls.sample_lowshot(ytr, k, settings["num_draws"], seed=2)):
+        for d, draw in enumerate(sample_lowshot(ytr, k, settings["num_draws"], seed=2)):
             folds = StratifiedKFold(
                 n_splits=min(3, k), shuffle=True, random_state=seed_for(seed_for(2, k, d), 0)
             )

@@ -95,6 +95,7 @@ def test_every_protocol_has_its_metric_names_and_those_it_writes_are_known():
     names each writes with its DEFAULTS (as its evaluate() forms them) match it."""
     assert sorted(METRIC_PATTERNS) == protocol_names()
     from evaluation.knn import variant_name  # no torch
+    from evaluation.lowshot_logreg import subset_name
 
     semisup = ast.parse((REPO / "evaluation" / "semisup.py").read_text())
     fractions = next(
@@ -107,6 +108,18 @@ def test_every_protocol_has_its_metric_names_and_those_it_writes_are_known():
             f"top{n}_{variant_name(v['k'], v['temperature'])}"
             for v in protocol_defaults("knn")["DEFAULTS"]["variants"]
             for n in (1, 5)
+        ]
+        + [  # few-shot, with n_per_class 5: each variant votes with k = min(k, 5)
+            f"top{n}_{variant_name(min(v['k'], 5), v['temperature'])}_n5_{stat}"
+            for v in protocol_defaults("knn")["DEFAULTS"]["variants"]
+            for n in (1, 5)
+            for stat in ("mean", "std")
+        ],
+        "lowshot_logreg": [
+            f"top1_{subset_name(size)}_{stat}"
+            for key in ("shots", "fractions")
+            for size in protocol_defaults("lowshot_logreg")["DEFAULTS"][key]
+            for stat in ("mean", "std", "draw0")
         ],
         "lowshot_svm": [
             f"map_k{k}_{s}"
