@@ -1,6 +1,10 @@
 """Low-shot logistic regression (MSN, DINOv2) and few-shot kNN (DINOv2): the per-class draws, the
 regulariser's scaling against MSN's objective computed by hand, the preprocessing, known answers."""
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from support import feature_dict
@@ -88,13 +92,31 @@ def test_holdout_picks_a_c_of_dinov2s_grid_per_draw():
     assert used["fits"] == 3 * (45 + 1)  # every C on the held-out part, then the refit on the draw
 
 
-def test_cyanure_msns_solver_reaches_the_same_minimiser():
-    """MSN fits with cyanure; solved to the same tolerance, its predictions are scikit-learn's."""
+CYANURE_RUN = """
+import json, sys
+import numpy as np
+from evaluation import lowshot_logreg
+arrays = dict(np.load(sys.argv[1]))
+features = {**arrays, "num_classes": int(arrays["num_classes"])}
+print(json.dumps(lowshot_logreg.evaluate(features, json.loads(sys.argv[2]), 0)[0]))
+"""
+
+
+def test_cyanure_msns_solver_reaches_the_same_minimiser(tmp_path):
+    """MSN fits with cyanure; solved to the same tolerance, its predictions are scikit-learn's. It runs in
+    a process of its own: cyanure's OpenBLAS and OpenMP, loaded beside torch's and faiss's in this one,
+    can leave a later torch training spinning forever (seen here in test_eval_semisup's fixture)."""
     pytest.importorskip("cyanure", reason="the cyanure extra (in `test`) is not installed")
     features = problem(noise=1.5)
+    np.savez(tmp_path / "features.npz", **{k: np.asarray(v) for k, v in features.items() if k != "meta"})
     settings = {"shots": [1, 5], "fractions": [0.1]}
     ours = lr.evaluate(features, settings, 0)[0]
-    msns = lr.evaluate(features, {**settings, "solver": "cyanure"}, 0)[0]
+    run = [sys.executable, "-c", CYANURE_RUN, str(tmp_path / "features.npz")]
+    out = subprocess.run(
+        [*run, json.dumps({**settings, "solver": "cyanure"})], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    msns = json.loads(out.stdout)
     assert ours.keys() == msns.keys()
     assert max(abs(ours[k] - msns[k]) for k in ours) <= 0.01, (ours, msns)
 
