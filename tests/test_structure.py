@@ -195,6 +195,7 @@ def test_planning_and_the_cached_feature_protocols_never_import_torch():
         "evaluation.knn",
         "evaluation.linear",
         "evaluation.lowshot_svm",
+        "evaluation.lowshot_logreg",
         "evaluation.clustering",
     ]
     code = f"import sys\nfor m in {modules}:\n    __import__(m)\nprint('torch' in sys.modules)"

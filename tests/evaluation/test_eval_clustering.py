@@ -144,6 +144,6 @@ def test_only_the_first_seed_of_a_run_computes_the_maps_the_report_draws():
 
     from sslbench.evaluate import protocol_module
 
-    for name in ("clustering", "knn", "linear", "lowshot_svm", "semisup"):
+    for name in ("clustering", "knn", "linear", "lowshot_svm", "lowshot_logreg", "semisup"):
         takes = "maps" in inspect.signature(protocol_module(name).evaluate).parameters
         assert takes == (name in MAP_PROTOCOLS), name

@@ -368,7 +368,9 @@ def test_a_modes_own_protocol_settings_are_known_in_that_mode(tmp_path):
     load_config(CONFIG_DIR, [path])
 
 
-@pytest.mark.parametrize("protocol", ["knn", "linear", "lowshot_svm", "semisup", "finetune", "clustering"])
+@pytest.mark.parametrize(
+    "protocol", ["knn", "linear", "lowshot_svm", "lowshot_logreg", "semisup", "finetune", "clustering"]
+)
 def test_the_planner_reads_each_protocols_own_defaults(protocol):
     import importlib
 
