@@ -265,7 +265,13 @@ def test_a_method_setting_of_the_wrong_type_or_out_of_its_range_is_named(tmp_pat
 @pytest.mark.parametrize(
     "section, words",
     [
-        ({"knn": {"kk": 5}}, ["unknown key `evaluation.knn.kk`", "['methods', 'targets', 'variants']"]),
+        (
+            {"knn": {"kk": 5}},
+            [
+                "unknown key `evaluation.knn.kk`",
+                "['methods', 'n_per_class', 'n_tries', 'targets', 'variants']",
+            ],
+        ),
         ({"knn": {"variants": [{"k": "x", "temperature": 0.1}]}}, ["`evaluation.knn.variants.0.k`", "'x'"]),
         ({"linear": {"val_fraction": "x"}}, ["`evaluation.linear.val_fraction`", "not of type 'number'"]),
         ({"linear": {"lr": 3.0}}, ["unknown key `evaluation.linear.lr`"]),  # mode paper's, not cached's
