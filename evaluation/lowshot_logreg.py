@@ -155,10 +155,10 @@ def evaluate(features: dict, settings: dict, seed: int) -> tuple[dict[str, float
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     data = unpack_features(features)
     train_labels, test_labels = data["train_labels"], data["test_labels"]
-    if np.bincount(train_labels, minlength=data["num_classes"]).min() == 0:
+    smallest = int(np.bincount(train_labels, minlength=data["num_classes"]).min())
+    if smallest == 0:
         raise ProtocolError("lowshot_logreg: some class has no train image, so no low-shot set exists")
     x, x_test = preprocess(data["train"], used["preprocess"]), preprocess(data["test"], used["preprocess"])
-    smallest = int(np.bincount(train_labels).min())
     sizes = [int(k) for k in used["shots"] if int(k) <= smallest] + [float(f) for f in used["fractions"]]
     if not sizes:
         raise ProtocolError(

@@ -24,10 +24,15 @@ def prefix(nodes: int, agents: int, gpus: int) -> str:
     """What a pretrain job's command starts with: ``sslbench`` (one process), or ``sslbench launch ... --``
     (torchrun over `gpus` processes per node, on `agents` torchrun agents spread over `nodes`)."""
     if agents > 1:
-        return f"sslbench launch --nodes {nodes} --agents {agents} --gpus {gpus} --"
+        return " ".join(["sslbench launch", *node_flags(nodes, agents, gpus), "--"])
     if gpus > 1:
         return f"sslbench launch --gpus {gpus} --"
     return "sslbench"
+
+
+def node_flags(nodes: int, agents: int, gpus: int) -> list[str]:
+    """`sslbench launch`'s options of a job on several nodes."""
+    return ["--nodes", str(nodes), "--agents", str(agents), "--gpus", str(gpus)]
 
 
 def rendezvous_port(job_id: str) -> int:
@@ -64,7 +69,7 @@ def command(nodes: int, agents: int, gpus: int, args: list[str], env, in_step: b
         )
     if not in_step:  # the job's batch shell: one task per node, each an agent
         step = ["srun", "--nodes", str(nodes), "--ntasks", str(agents), "--kill-on-bad-exit=1"]
-        flags = ["--nodes", str(nodes), "--agents", str(agents), "--gpus", str(gpus), "--in-step"]
+        flags = [*node_flags(nodes, agents, gpus), "--in-step"]
         return [*step, sys.executable, *ENTRY, "launch", *flags, "--", *args]
     endpoint = f"{first_host(env['SLURM_STEP_NODELIST'])}:{rendezvous_port(job)}"
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"sslbench-{job}"]

@@ -100,10 +100,9 @@ def path_without_slurm(tmp_path: Path) -> str:
 # -- dry runs: no cluster needed --------------------------------------------------------------------------
 
 
-def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
-    resources = {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "gpus": 4}}
-    root = workflow_copy(tmp_path / "wf", resources)
-    out = snakemake(
+def plan_on_slurm_profile(root: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`snakemake -n` of the table with profiles/slurm, no SLURM command on PATH."""
+    return snakemake(
         root,
         "-n",
         "results/table.csv",
@@ -111,6 +110,12 @@ def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
         "profiles/slurm",
         path=path_without_slurm(tmp_path),
     )
+
+
+def test_slurm_profile_plans_the_dag_without_slurm_on_path(tmp_path):
+    resources = {**RESOURCES, "pretrain": {**RESOURCES["pretrain"], "gpus": 4}}
+    root = workflow_copy(tmp_path / "wf", resources)
+    out = plan_on_slurm_profile(root, tmp_path)
     assert out.returncode == 0, out.text
     assert "Using workflow specific profile profiles/slurm" in out.text
     jobs = planned_jobs(out.text)
@@ -151,14 +156,7 @@ def test_a_pretrain_job_on_two_nodes_asks_slurm_for_one_task_per_node(tmp_path):
 
     pretrain = {"threads": 16, "gpus": 8, "nodes": 2, "mem_mb": 64000, "runtime": 600}
     root = workflow_copy(tmp_path / "wf", {**RESOURCES, "pretrain": pretrain})
-    out = snakemake(
-        root,
-        "-n",
-        "results/table.csv",
-        "--workflow-profile",
-        "profiles/slurm",
-        path=path_without_slurm(tmp_path),
-    )
+    out = plan_on_slurm_profile(root, tmp_path)
     assert out.returncode == 0, out.text
     jobs = [j for j in planned_jobs(out.text) if j["rule"] == "pretrain"]
     assert len(jobs) == 2
