@@ -1,5 +1,6 @@
 """The protocols' training loop (paper-mode linear probe, semi-supervised and MAE fine-tuning):
-cross-entropy on augmented views, one optimiser step per batch. Not a protocol (no DEFAULTS)."""
+cross-entropy on augmented views, one optimiser step per batch, and the top-1 / top-5 of the trained
+model. Not a protocol (no DEFAULTS)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from sslbench.extract.features import embed
 from sslbench.optim import batch_count, check_finite, set_learning_rate, shuffled_batches
+
+from .common import topk_accuracy
 
 
 def fit_classifier(
@@ -46,3 +50,10 @@ def fit_classifier(
             loss.backward()
             optimizer.step()
             step += 1
+
+
+def scores(model: torch.nn.Module, images, transform, used: dict, device: torch.device) -> dict[int, float]:
+    """{1: top-1, 5: top-5} of ``model``'s logits on ``images`` (an ImageSet), in eval mode without
+    gradients, ``used["eval_batch_size"]`` images at a time."""
+    logits = embed(model, images, transform, device, used["eval_batch_size"])
+    return topk_accuracy(logits.numpy(), images.labels.numpy(), ks=(1, 5))

@@ -50,12 +50,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from evaluation.classifier import fit_classifier
+from evaluation.classifier import fit_classifier, scores
 from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import view_config
 from sslbench.backbones import PIXELS, backbone_from_config, is_vit
 from sslbench.data.containers import Dataset
 from sslbench.distributed import select_device
+from sslbench.kit.headlayer import out_features
 from sslbench.optim import make_optimizer
 
 from .common import (
@@ -66,7 +67,6 @@ from .common import (
     resolve_settings,
     seed_for,
 )
-from .semisup import scores
 
 PROTOCOL = "finetune"
 NEEDS_CHECKPOINT = True
@@ -251,19 +251,20 @@ def seed_global_generators(seed: int) -> None:
 
 
 def finetune(
-    ckpt: dict, data: Dataset, used: dict, seed: int, device: torch.device
+    ckpt: dict, data: Dataset, used: dict, seed: int, device: torch.device, neck: nn.Sequential | None = None
 ) -> tuple[nn.Module, dict]:
-    """(backbone + head trained end to end on the whole train split, what the optimiser used)."""
+    """(backbone [+ neck] + head trained end to end on the train split of ``data``, what the optimiser
+    used). ``neck``: layers between the backbone and the new head (a projection head's first layer, as
+    semi-supervised fine-tuning starts from), trained as part of the head's layer."""
     seed_global_generators(seed)
     backbone = backbone_for_finetuning(ckpt, data.image_size, used["drop_path"], used["pool"])
+    width = backbone.num_features if neck is None else out_features(neck)
     head = new_head(
-        backbone.num_features,
-        data.num_classes,
-        used["head_init_std"],
-        torch.Generator().manual_seed(seed_for(seed, 2)),
+        width, data.num_classes, used["head_init_std"], torch.Generator().manual_seed(seed_for(seed, 2))
     )
-    model = nn.Sequential(backbone, head).to(device).train()
-    groups = layer_decay_groups(backbone, head, used["weight_decay"], used["layer_decay"])
+    top = head if neck is None else nn.Sequential(neck, head)  # everything after the blocks: layer L
+    model = nn.Sequential(backbone, top).to(device).train()
+    groups = layer_decay_groups(backbone, top, used["weight_decay"], used["layer_decay"])
     train = {
         "optimizer": "adamw",
         "lr": used["lr"],

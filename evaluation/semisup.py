@@ -28,12 +28,27 @@ has one image per class, nothing can be held out; the 1% run then reuses the lr 
 10% subset (which contains it), and says so in ``lr_selection``. The test split is used only for
 the final top-1 / top-5, with the evaluation transform.
 
+The recipe above is SimCLR's, for ResNets. On a Vision Transformer (``recipe: auto`` picks by the
+checkpoint's backbone; ``resnet`` or ``vit`` forces one) the ViT recipe runs instead: iBOT's
+semi-supervised fine-tuning (bytedance/ibot evaluation/README.md: ``--epochs 1000 --lr 5e-6
+--finetune_head_layer 1`` on SimCLR v2's 1% / 10% splits, the rest evaluation/semi_supervised/eval_cls.py's
+DeiT defaults). It is the ``finetune`` protocol's fit (AdamW over layer-wise lr-decay groups, warm-up then
+cosine to ``min_lr`` per step, RandAugment crops, random erasing, mixup / cutmix on label-smoothed
+targets, drop path) on the labelled subset, with the settings of ``vit`` over ``VIT_RECIPE``. It starts
+from the first layer of the method's projection head (Linear, its norm, its activation) where the
+checkpoint keeps it (``projection_first_layer``: DINO's teacher head, MoCo v3's and SimCLR's projector;
+``head_layer: 0`` starts from the backbone) and puts a new linear head on it; without it, on the backbone.
+The lr is fixed (no grid), as iBOT's command. A batch is at most the subset's size (even, for mixup), and
+the last short batch of an epoch is dropped. Each row records its recipe (``recipe_used``) and start.
+Where the ViT recipe differs from iBOT's, the settings record it (``deviations``).
+
 Same seed, same checkpoint, same machine (CPU): the same numbers; each fit draws its data order
 and views from generators seeded by (seed, subset), the same for every lr of the grid.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 from pathlib import Path
@@ -41,14 +56,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evaluation.classifier import fit_classifier
+from evaluation.classifier import fit_classifier, scores
+from evaluation.finetune import DEVIATIONS as FINETUNE_DEVIATIONS
+from evaluation.finetune import finetune as finetune_vit
 from sslbench import atomic
 from sslbench.augment.pipeline import EvalTransform, ViewAugment
 from sslbench.augment.presets import view_config
+from sslbench.backbones import is_vit
 from sslbench.data.containers import Dataset, ImageSet
 from sslbench.distributed import select_device
-from sslbench.extract.features import embed, load_encoder
+from sslbench.extract.features import load_encoder
+from sslbench.kit.headlayer import build_layer
 from sslbench.optim import TrainingDiverged, make_optimizer
+from sslbench.plan.protocols import setting_problems
 
 from .common import (
     ProtocolError,
@@ -56,7 +76,6 @@ from .common import (
     checkpoint_and_images,
     resolve_settings,
     seed_for,
-    topk_accuracy,
 )
 from .linear import new_head, stratified_holdout
 
@@ -78,12 +97,40 @@ DEFAULTS: dict = {
     "subset_files": None,  # {1pct: path, 10pct: path}: standard lists instead of a draw
     "eval_batch_size": 1024,
     "device": "auto",
+    "recipe": "auto",  # "auto": "vit" on a ViT backbone, "resnet" otherwise (the SGD recipe above)
+    "vit": {},  # the ViT recipe's settings over VIT_RECIPE
 }
+VIT_RECIPE: dict = {  # iBOT's semi-supervised command over eval_cls.py's defaults; finetune's names
+    "epochs": {"1pct": 1000, "10pct": 1000},  # --epochs 1000 (both subsets)
+    "batch_size": 1024,  # 128 per GPU x 8
+    "lr": 1.0e-5,  # --lr 5e-6, scaled by eval_cls.py to 5e-6 x 1024 / 512
+    "min_lr": 1.0e-5,  # timm's cosine floor (--min-lr 1e-5): at this lr the schedule is flat after warm-up
+    "warmup_epochs": 5.0,
+    "weight_decay": 0.05,
+    "layer_decay": 1.0,  # --layer_decay default: none
+    "adam_betas": [0.9, 0.999],
+    "drop_path": 0.1,
+    "pool": "token",  # --avgpool_patchtokens 0: the class token, which the projection head was trained on
+    "head_init_std": 0.02,  # the ViT's _init_weights on the new head: trunc_normal std 0.02
+    "label_smoothing": 0.1,
+    "mixup": 0.8,
+    "cutmix": 1.0,
+    "mixup_prob": 1.0,
+    "mixup_switch_prob": 0.5,
+    "random_erasing": 0.25,
+    "augment": {"preset": "supervised", "policy": "randaugment"},
+    "head_layer": 1,  # --finetune_head_layer 1: start from the projection head's first layer; 0: none
+}
+VIT_DEVIATIONS = [
+    "no model EMA (eval_cls.py keeps one, decay 0.99996) and no repeated augmentation (its RASampler)",
+    "warm-up from 0, not timm's warmup_lr 1e-6; no cool-down epochs at min_lr",
+]
 RULES: dict = {  # over the types of DEFAULTS: what the plan and the job judge the settings by
     "epochs": {"properties": {"1pct": {"minimum": 0}, "10pct": {"minimum": 0}}},
     "batch_size": {"minimum": 2},  # batch norm in train mode needs two images a batch
     "lr_grid": {"minItems": 1, "items": {"exclusiveMinimum": 0}},
     "val_fraction": {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    "recipe": {"enum": ["auto", "resnet", "vit"]},
 }
 
 
@@ -252,13 +299,6 @@ def finetune(
     return model
 
 
-def scores(
-    model: torch.nn.Module, images: ImageSet, transform: EvalTransform, used: dict, device: torch.device
-) -> dict[int, float]:
-    logits = embed(model, images, transform, device, used["eval_batch_size"])  # eval mode, no grad
-    return topk_accuracy(logits.numpy(), images.labels.numpy(), ks=(1, 5))
-
-
 def choose_lr(
     ckpt: dict,
     labelled: ImageSet,
@@ -294,11 +334,11 @@ def choose_lr(
     return float(used["lr_grid"][best]), val_top1, diverged
 
 
-def check_epochs(epochs: dict) -> None:
+def check_epochs(epochs: dict, key: str = "epochs") -> None:
     """`epochs` names each labelled subset (its values are RULES')."""
-    if set(epochs) != set(FRACTIONS):
+    if not isinstance(epochs, dict) or set(epochs) != set(FRACTIONS):
         raise ProtocolError(
-            f"config key `evaluation.{PROTOCOL}.epochs` = {epochs!r} must map exactly {sorted(FRACTIONS)} "
+            f"config key `evaluation.{PROTOCOL}.{key}` = {epochs!r} must map exactly {sorted(FRACTIONS)} "
             "(the labelled subsets) to their epochs; give both and nothing else"
         )
 
@@ -309,16 +349,95 @@ def run_semisup(
     """The protocol on a loaded checkpoint and dataset; index files go to `subset_dir`."""
     used = resolve_settings(settings, DEFAULTS, PROTOCOL)
     check_epochs(used["epochs"])
+    recipe = chosen_recipe(used["recipe"], ckpt)
+    vit = vit_settings(used["vit"]) if recipe == "vit" else None
     used["lr_grid"] = sorted(float(lr) for lr in used["lr_grid"])
     if data.multilabel:
         raise ProtocolError(f"semisup: {data.name} is multilabel; fine-tuning here needs one class per image")
     device = select_device(used["device"])
+    subsets, records = labelled_subsets(data.train, used, seed, Path(subset_dir))
+    if recipe == "vit":
+        metrics, record = vit_recipe(ckpt, data, vit, seed, subsets, device)
+    else:
+        metrics, record = resnet_recipe(ckpt, data, used, seed, subsets, device)
+    used.update(record, recipe_used=recipe, device=str(device), subsets=records)
+    return check_metrics({k: metrics[k] for k in sorted(metrics)}, PROTOCOL), used
+
+
+def chosen_recipe(recipe: str, ckpt: dict) -> str:
+    """The recipe a setting of `recipe` names; "auto": by the checkpoint's backbone family."""
+    if recipe != "auto":
+        return recipe
+    return "vit" if is_vit(ckpt["cfg"]["backbone"]["name"]) else "resnet"
+
+
+def vit_settings(settings: dict) -> dict:
+    """`vit` over VIT_RECIPE: a key it does not know, or a value the finetune protocol's rules refuse,
+    is an error naming it."""
+    unknown = sorted(set(settings) - set(VIT_RECIPE))
+    if unknown:
+        raise ProtocolError(
+            f"config key `evaluation.semisup.vit`: unknown setting(s) {unknown}; known settings are "
+            f"{sorted(VIT_RECIPE)}. Fix the protocol settings in the config file."
+        )
+    used = {**copy.deepcopy(VIT_RECIPE), **copy.deepcopy(settings)}
+    check_epochs(used["epochs"], "vit.epochs")
+    shared = {k: v for k, v in settings.items() if k not in ("epochs", "head_layer")}
+    problems = setting_problems("finetune", shared)
+    if problems:
+        raise ProtocolError(f"config key `evaluation.semisup.vit`: {'; '.join(problems)}")
+    if used["head_layer"] not in (0, 1):
+        raise ProtocolError(
+            f"config key `evaluation.semisup.vit.head_layer` = {used['head_layer']!r}: 1 starts from the "
+            "projection head's first layer, 0 from the backbone; give 0 or 1"
+        )
+    return used
+
+
+def vit_recipe(
+    ckpt: dict, data: Dataset, vit: dict, seed: int, subsets: dict, device: torch.device
+) -> tuple[dict[str, float], dict]:
+    """The ViT recipe (module docstring) on each labelled subset: (metrics, what it used)."""
+    kept = ckpt.get("projection_first_layer")
+    start = "projection head's first layer" if vit["head_layer"] == 1 and kept else "backbone"
+    norm = ckpt["normalisation"]
+    transform = EvalTransform(data.image_size, data.channels, norm["mean"], norm["std"]).to(device)
+    metrics, fits = {}, {}
+    for name in FRACTIONS:
+        labelled = dataclasses.replace(data, train=part(data.train, subsets[name]))
+        size = len(subsets[name])
+        batch = min(vit["batch_size"], size - size % 2)  # mixup pairs each image with another
+        if batch < 2:
+            raise ProtocolError(
+                f"semisup: the {name} subset of {data.name} holds {size} image(s); the ViT recipe needs "
+                "two a batch"
+            )
+        used = {**vit, "epochs": int(vit["epochs"][name]), "batch_size": batch, "eval_batch_size": 1024}
+        neck = build_layer(kept) if start != "backbone" else None
+        subset_seed = seed_for(seed, 1, list(FRACTIONS).index(name))
+        model, record = finetune_vit(ckpt, labelled, used, subset_seed, device, neck=neck)
+        accuracy = scores(model, data.test, transform, used, device)
+        metrics[f"top1_{name}"], metrics[f"top5_{name}"] = accuracy[1], accuracy[5]
+        fits[name] = {"epochs": used["epochs"], "batch_size": batch, **record}
+    return metrics, {
+        "vit": vit,
+        "start": start,
+        "fits": fits,
+        "optimiser": "AdamW over layer-wise lr-decay groups (the finetune protocol's)",
+        "schedule": "per step: linear warm-up from 0, then half cosine to min_lr",
+        "eval_transform": "EvalTransform (centre square crop, resize, normalise)",
+        "deviations": VIT_DEVIATIONS + FINETUNE_DEVIATIONS,
+    }
+
+
+def resnet_recipe(
+    ckpt: dict, data: Dataset, used: dict, seed: int, subsets: dict, device: torch.device
+) -> tuple[dict[str, float], dict]:
+    """SimCLR's recipe (module docstring) on each labelled subset, the larger first: (metrics, record)."""
     norm = ckpt["normalisation"]
     views = view_config(**used["augment"])
     augment = ViewAugment(data.image_size, data.channels, norm["mean"], norm["std"], views).to(device)
     transform = EvalTransform(data.image_size, data.channels, norm["mean"], norm["std"]).to(device)
-    subsets, records = labelled_subsets(data.train, used, seed, Path(subset_dir))
-
     metrics, selection = {}, {}
     for name in reversed(FRACTIONS):  # the larger subset first: its lr is the fallback of the smaller
         labelled = part(data.train, subsets[name])
@@ -353,19 +472,15 @@ def run_semisup(
         )
         accuracy = scores(model, data.test, transform, used, device)
         metrics[f"top1_{name}"], metrics[f"top5_{name}"] = accuracy[1], accuracy[5]
-
-    used.update(
-        device=str(device),
-        subsets=records,
-        lr_selection=selection,
-        view_config=dataclasses.asdict(views),
-        optimiser="SGD with momentum; backbone lr and head lr (x head_lr_multiplier) as param groups",
-        schedule="cosine per step to 0, no warm-up",
-        head_init="weight ~ N(0, 0.01), bias 0",
-        mode="end to end, train mode (batch-norm statistics update)",
-        eval_transform="EvalTransform (centre square crop, resize, normalise)",
-    )
-    return check_metrics({k: metrics[k] for k in sorted(metrics)}, PROTOCOL), used
+    return metrics, {
+        "lr_selection": selection,
+        "view_config": dataclasses.asdict(views),
+        "optimiser": "SGD with momentum; backbone lr and head lr (x head_lr_multiplier) as param groups",
+        "schedule": "cosine per step to 0, no warm-up",
+        "head_init": "weight ~ N(0, 0.01), bias 0",
+        "mode": "end to end, train mode (batch-norm statistics update)",
+        "eval_transform": "EvalTransform (centre square crop, resize, normalise)",
+    }
 
 
 def evaluate(

@@ -126,6 +126,9 @@ class DINO(Method):
     def encoder(self):
         return self.teacher[0]
 
+    def projection_head(self):  # the teacher's, on the teacher backbone that encoder() evaluates
+        return self.teacher[1].mlp
+
     @torch.no_grad()
     def health(self, forward_train_set):
         """The teacher's centred, sharpened output on the train split (the monitors'): its mean

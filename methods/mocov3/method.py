@@ -72,6 +72,9 @@ class MoCoV3(Method):
     def momentum_pairs(self):
         return [([self.backbone, self.projector], self.momentum_encoder)]
 
+    def projection_head(self):
+        return self.projector
+
 
 def freeze_patch_projection(backbone: nn.Module, name: str | None) -> None:
     """vits.py VisionTransformerMoCo with ``stop_grad_conv1``: the patch projection's weight and bias

@@ -28,6 +28,9 @@ class SimCLR(Method):
         z = gather_with_grad(z)  # under DDP: negatives from every rank, as SimCLR's cross-replica loss
         return nt_xent_sum(z, self.temperature)
 
+    def projection_head(self):  # SimCLR v2 fine-tunes from its first layer
+        return self.projector
+
 
 def nt_xent_sum(z, temperature: float):
     """SimCLR's loss on z [B, 2, D]: loss_a + loss_b, each view's anchors (B of them) contrasted with

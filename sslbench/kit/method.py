@@ -19,6 +19,7 @@ AMP, DDP and logs.
         def on_before_step(self, ctx) -> None      # optional: clip or drop gradients
         def on_step_end(self, ctx) -> None         # optional: state updates after the step
         def encoder(self) -> nn.Module             # the network evaluated
+        def projection_head(self) -> nn.Sequential # optional: the head on encoder()'s features
         def health(self, forward_train_set) -> dict  # optional: a teacher's entropy, prototype usage
 
 One epoch, as the engine runs it: ``on_epoch_start(ctx)``, then ``epoch_order(N, generator)`` (a
@@ -167,6 +168,12 @@ class Method(nn.Module):
     def encoder(self) -> nn.Module:
         """The network whose pooled features are evaluated."""
         return self.backbone
+
+    def projection_head(self) -> nn.Sequential | None:
+        """The projection head on ``encoder()``'s features, as a Sequential of layers; None (the default)
+        where the method has none. The final checkpoint keeps its first layer (``kit.headlayer``), which
+        semi-supervised fine-tuning of a ViT starts from, as SimCLR v2 and iBOT do."""
+        return None
 
     def health(self, forward_train_set: Callable) -> dict[str, float]:
         """Label-free measures of the method's own heads that the monitors log (a teacher's entropy,

@@ -29,6 +29,7 @@ from sslbench.data.containers import Dataset
 from sslbench.data.images import dataset_stats
 from sslbench.data.registry import load_data
 from sslbench.errors import ConfigError, SslbenchError
+from sslbench.kit.headlayer import layer_record
 from sslbench.kit.method import DataInfo, EpochContext, Method, checked_param_groups
 from sslbench.kit.momentum import check_momentum, checked_momentum_pairs, ema_update, momentum_at
 from sslbench.optim import (
@@ -573,6 +574,7 @@ class Trainer:
         checkpoint = {
             "encoder": self.method.encoder().state_dict(),
             "method_state": self.method.state_dict(),
+            "projection_first_layer": layer_record(self.method.projection_head()),
             "cfg": self.cfg,
             "seed": self.seed,
             "meta": meta,
