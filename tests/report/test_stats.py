@@ -15,6 +15,9 @@ from support import METHODS_DIR, REPO, preset_config
 from evaluation.knn import variant_name
 from sslbench.errors import ConfigError
 from sslbench.plan.protocols import protocol_settings
+from sslbench.plan.runs import plan_runs, selected_methods
+from sslbench.plan.settings import load_config
+from sslbench.provenance import code_digest
 from sslbench.report.stats import (
     BEATS,
     HEADLINE,
@@ -664,6 +667,23 @@ def test_the_leaderboard_names_the_record_only_for_runs_of_the_recorded_settings
         "On many seeds"
         not in leaderboard_text(pd.concat([short, transfer]), record).split("## Leaderboard")[2]
     )
+
+
+def test_the_shipped_record_holds_the_settings_the_default_trains():
+    """benchmarks/floor_record.csv names each learned method of the default by the digest of the
+    settings its runs train with (collect's `run_settings`): a change to a method's default settings
+    must come with a new measurement, or the leaderboard silently shows no record for it."""
+    config = load_config(REPO / "config")
+    record = read_floor_record(REPO / "benchmarks" / "floor_record.csv").set_index("method")
+    plan = plan_runs(config, METHODS_DIR, selected_methods(config, METHODS_DIR), check_files=False)
+    planned = {label: code_digest(run) for (dataset, label), run in plan.runs.items() if dataset == "digits"}
+    assert set(record.index) <= set(planned)
+    stale = {
+        m: (record.loc[m, "run_settings"], planned[m])
+        for m in record.index
+        if record.loc[m, "run_settings"] != planned[m]
+    }
+    assert not stale, f"measure these again (benchmarks/margins.md): {stale}"
 
 
 def test_a_record_without_its_columns_is_named(tmp_path):
