@@ -85,6 +85,7 @@ def test_subset_files_hold_the_drawn_indices_and_their_recorded_hash(checkpoint,
 
 def test_settings_and_lr_choice_are_recorded(result):
     _, used = result
+    assert used["recipe_used"] == "resnet" and "fits" not in used  # a ResNet: SimCLR's recipe ("auto")
     assert (
         used["epochs"] == FAST["epochs"] and used["batch_size"] == 32 and used["head_lr_multiplier"] == 10.0
     )

@@ -36,7 +36,7 @@ def planned(root: Path) -> str:
 def test_a_checkpoint_exported_in_mocos_format_and_imported_gives_the_same_numbers(tmp_path):
     root = copy_workflow(tmp_path / "wf")
     cfg = tiny_suite_config()
-    cfg.update(methods=["moco"], seeds=[0], protocols=["knn", "clustering"])
+    cfg.update(methods=["moco"], seeds=[0], protocols=["knn", "clustering", "lowshot_logreg"])
     (root / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     snakemake(root, "results/table.csv")
     weights = root / "weights" / "moco.pth.tar"
@@ -67,6 +67,7 @@ def test_a_checkpoint_exported_in_mocos_format_and_imported_gives_the_same_numbe
     values = table.set_index(["method", "protocol", "metric"])["value"]
     ours, imported = values.xs("moco"), values.xs(RELEASED)
     assert len(ours) > 3 and ours.sort_index().equals(imported.sort_index())
+    assert set(imported.index.get_level_values("protocol")) == {"knn", "clustering", "lowshot_logreg"}
     row = table[table["method"] == RELEASED].iloc[0]
     assert row["method_base"] == "moco" and row["released_file"] == "moco.pth.tar"
     assert row["released_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
