@@ -357,7 +357,7 @@ def run_semisup(
     device = select_device(used["device"])
     subsets, records = labelled_subsets(data.train, used, seed, Path(subset_dir))
     if recipe == "vit":
-        metrics, record = vit_recipe(ckpt, data, vit, seed, subsets, device)
+        metrics, record = vit_recipe(ckpt, data, vit, seed, subsets, device, used["eval_batch_size"])
     else:
         metrics, record = resnet_recipe(ckpt, data, used, seed, subsets, device)
     used.update(record, recipe_used=recipe, device=str(device), subsets=records)
@@ -395,7 +395,7 @@ def vit_settings(settings: dict) -> dict:
 
 
 def vit_recipe(
-    ckpt: dict, data: Dataset, vit: dict, seed: int, subsets: dict, device: torch.device
+    ckpt: dict, data: Dataset, vit: dict, seed: int, subsets: dict, device: torch.device, eval_batch_size: int
 ) -> tuple[dict[str, float], dict]:
     """The ViT recipe (module docstring) on each labelled subset: (metrics, what it used)."""
     kept = ckpt.get("projection_first_layer")
@@ -412,7 +412,12 @@ def vit_recipe(
                 f"semisup: the {name} subset of {data.name} holds {size} image(s); the ViT recipe needs "
                 "two a batch"
             )
-        used = {**vit, "epochs": int(vit["epochs"][name]), "batch_size": batch, "eval_batch_size": 1024}
+        used = {
+            **vit,
+            "epochs": int(vit["epochs"][name]),
+            "batch_size": batch,
+            "eval_batch_size": eval_batch_size,
+        }
         neck = build_layer(kept) if start != "backbone" else None
         subset_seed = seed_for(seed, 1, list(FRACTIONS).index(name))
         model, record = finetune_vit(ckpt, labelled, used, subset_seed, device, neck=neck)
