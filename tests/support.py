@@ -109,6 +109,19 @@ def tiny_suite_config(**train) -> dict:
     return load_config(REPO / "config", overrides=tiny)
 
 
+def tiny_checkpoint(method: str, out_dir: Path, backbone: dict | None = None) -> Path:
+    """``method`` trained on the tiny suite (seed 0, CPU) into ``out_dir``, on ``backbone`` (a config
+    section, e.g. TINY_VIT's) instead of the suite's where given: its final checkpoint."""
+    from sslbench.plan.settings import resolve_method_config
+    from sslbench.pretrain.trainer import pretrain
+
+    cfg = tiny_suite_config()
+    if backbone is not None:
+        cfg["backbone"] = backbone
+    cfg = resolve_method_config(cfg, METHODS_DIR, method)
+    return pretrain(METHODS_DIR / method, cfg, 0, out_dir, device="cpu", progress=False)
+
+
 def tiny_digits():
     """The tiny suite's pretraining set (8x8 digits), loaded from the settings a run of it gets."""
     from sslbench.data.registry import load_data

@@ -5,25 +5,20 @@ import math
 
 import pytest
 import torch
-from support import METHODS_DIR, tiny_suite_config, tiny_vit
+from support import tiny_checkpoint, tiny_vit
 from torch import nn
 
 from evaluation import finetune
 from evaluation.common import ProtocolError
 from sslbench.extract.features import read_checkpoint
 from sslbench.optim import learning_rate
-from sslbench.plan.settings import resolve_method_config
-from sslbench.pretrain.trainer import pretrain
 
 FAST = {"epochs": 4, "batch_size": 64, "lr": 5e-4, "warmup_epochs": 1}  # 1,347 8-px digits: 21 steps an epoch
 CHANCE_MARGIN = 0.1 + 4.5 * math.sqrt(0.1 * 0.9 / 450)  # 450 test digits, 10 classes
 
 
 def checkpoint_of(method, tmp_path_factory):
-    cfg = resolve_method_config(tiny_suite_config(), METHODS_DIR, method)
-    return pretrain(
-        METHODS_DIR / method, cfg, 0, tmp_path_factory.mktemp(method), device="cpu", progress=False
-    )
+    return tiny_checkpoint(method, tmp_path_factory.mktemp(method))
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,11 @@ import math
 
 import pytest
 import torch
-from support import METHODS_DIR, TINY_VIT, tiny_suite_config
+from support import TINY_VIT, tiny_checkpoint
 
 from evaluation import finetune, semisup
 from evaluation.common import ProtocolError
 from sslbench import atomic
-from sslbench.plan.settings import resolve_method_config
-from sslbench.pretrain.trainer import pretrain
 
 # 8-px digits: the 10% subset holds 136 images, 1% 10; no mixing, so that a few steps learn
 FAST = {
@@ -28,19 +26,11 @@ FAST = {
 CHANCE_MARGIN = 0.1 + 4.5 * math.sqrt(0.1 * 0.9 / 450)  # 450 test digits, 10 classes
 
 
-def vit_checkpoint(method, tmp_path_factory):
-    cfg = tiny_suite_config()
-    cfg["backbone"] = {"name": TINY_VIT["name"], "args": TINY_VIT["args"]}
-    cfg = resolve_method_config(cfg, METHODS_DIR, method)
-    return pretrain(
-        METHODS_DIR / method, cfg, 0, tmp_path_factory.mktemp(method), device="cpu", progress=False
-    )
-
-
 @pytest.fixture(scope="module")
 def simclr_vit(tmp_path_factory):
     """SimCLR on the tiny ViT (2 blocks, 48-d), 2 epochs on 8x8 digits: its projector is Linear-BN-ReLU-..."""
-    return vit_checkpoint("simclr", tmp_path_factory)
+    vit = {"name": TINY_VIT["name"], "args": TINY_VIT["args"]}
+    return tiny_checkpoint("simclr", tmp_path_factory.mktemp("simclr"), backbone=vit)
 
 
 @pytest.fixture(scope="module")
