@@ -1,4 +1,5 @@
-"""A FIFO queue of keys (MoCo's and PCL's negatives, SwAV's stored projections)."""
+"""A FIFO queue of keys (MoCo's and PCL's negatives, SwAV's stored projections, NNCLR's support set)
+and the nearest-neighbour lookup in it."""
 
 from __future__ import annotations
 
@@ -37,6 +38,20 @@ class KeyQueue(nn.Module):
         slots = (self.pointer + torch.arange(n, device=self.keys.device)) % size  # no host sync
         self.keys.index_copy_(0, slots, keys.to(self.keys.dtype))
         self.pointer.add_(n).remainder_(size)
+
+
+@torch.no_grad()
+def nearest_neighbour(query: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """NNCLR's NN(z, Q): for each row of ``query`` [B, D], the row of ``support`` [K, D] with the largest
+    cosine similarity, i.e. the smallest Euclidean distance between the L2-normalised rows (the paper's
+    argmin over q of ||z - q||, its rows being unit vectors). Ties go to the first such row; the rows
+    returned are ``support``'s own, without gradient."""
+    if query.ndim != 2 or support.ndim != 2 or query.shape[1] != support.shape[1]:
+        raise ValueError(
+            f"query [B, D] and support [K, D] must share D, got {tuple(query.shape)}, {tuple(support.shape)}"
+        )
+    similarity = F.normalize(query, dim=1) @ F.normalize(support, dim=1).T
+    return support[similarity.argmax(dim=1)]
 
 
 def fit_queue_size(requested: int, keys_per_step: int, num_train: int) -> int:
