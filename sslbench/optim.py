@@ -6,7 +6,7 @@
 - set_learning_rate: every parameter group's lr at a step (its own base, or fixed)
 - weight_decay_at:   the weight-decay schedule (constant, or cosine to ``weight_decay_end``) at a step
 - set_weight_decay:  every decaying parameter group's weight decay at a step (called beside the lr's)
-- make_optimizer:    SGD, AdamW or LARS (``Lars``) from settings, over parameter groups
+- make_optimizer:    SGD, Adam, AdamW or LARS (``Lars``) from settings, over parameter groups
 - check_finite:      the divergence check, raising TrainingDiverged
 - autocast:          the bf16 autocast context of a device (CUDA only)
 
@@ -21,10 +21,10 @@ Parameter groups (``make_optimizer``): a group is a dict with ``params`` and any
                         training (``base_weight_decay``, kept in the optimiser's state: the schedule
                         below moves ``weight_decay`` from it);
 - ``momentum``:         the group's own SGD / LARS momentum (default ``train.momentum``; DeepCluster's
-                        top layer: 0, its own SGD without momentum). AdamW has none: an error;
+                        top layer: 0, its own SGD without momentum). Adam and AdamW have none: an error;
 - ``exclude_from_lars`` (False): LARS neither adapts nor decays the group (biases and norm
                         parameters in BYOL, Barlow Twins, VICReg, MoCo v3); it must have weight
-                        decay 0. Under SGD / AdamW the flag does nothing (the weight decay does).
+                        decay 0. Under SGD / Adam / AdamW the flag does nothing (the weight decay does).
 
 LARS is ``Lars`` below (You, Gitman, Ginsburg 2017, with momentum as the self-supervised codes run
 it), with ``train.momentum``, ``train.lars_trust_coefficient`` (eta), ``train.lars_trust_clip``
@@ -178,7 +178,9 @@ def uses_fused_optimizer(train: dict, device: torch.device) -> bool:
     return device.type == "cuda" if fused == "auto" else bool(fused)
 
 
-OPTIMIZERS = ("sgd", "adamw", "lars")
+# adam: torch's Adam, whose weight decay is an L2 term added to the gradient before the moments (W-MSE's
+# optim.Adam); adamw: decoupled weight decay (MAE, DINO's ViT, MoCo v3's ViT).
+OPTIMIZERS = ("sgd", "adam", "adamw", "lars")
 
 
 def param_groups(params, train: dict) -> list[dict]:
@@ -214,16 +216,15 @@ def make_optimizer(params, train: dict, device: torch.device | str = "cpu") -> t
         return torch.optim.SGD(
             groups, lr=train["lr"], momentum=train["momentum"], weight_decay=train["weight_decay"], **fused
         )
-    if name == "adamw":
+    if name in ("adam", "adamw"):
         if any("momentum" in group for group in groups):
             raise ConfigError(
-                "config key `train.optimizer`: adamw has no momentum, but a parameter group sets its own "
+                f"config key `train.optimizer`: {name} has no momentum, but a parameter group sets its own "
                 "`momentum`; use sgd or lars for this method"
             )
         betas = tuple(train.get("adam_betas") or (0.9, 0.999))  # null: torch's default
-        return torch.optim.AdamW(
-            groups, lr=train["lr"], betas=betas, weight_decay=train["weight_decay"], **fused
-        )
+        adam = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        return adam(groups, lr=train["lr"], betas=betas, weight_decay=train["weight_decay"], **fused)
     if name == "lars":
         return make_lars(groups, train)
     raise ConfigError(
@@ -238,7 +239,7 @@ def make_lars(groups: list[dict], train: dict) -> torch.optim.Optimizer:
     """``Lars`` over ``groups``: every group adapted but those with ``exclude_from_lars``."""
     if train.get("fused_optimizer") is True:
         raise ConfigError(
-            "config key `train.fused_optimizer`: true needs `train.optimizer` sgd or adamw; LARS has "
+            "config key `train.fused_optimizer`: true needs `train.optimizer` sgd, adam or adamw; LARS has "
             "no fused update (set it to auto or false)"
         )
     ratio = train["lars_trust_ratio"]

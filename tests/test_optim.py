@@ -314,8 +314,22 @@ def test_lars_refuses_a_decayed_excluded_group_and_a_fused_update():
         make_optimizer([{"params": [p], "exclude_from_lars": True}], lars)
     with pytest.raises(ConfigError, match="LARS has no fused update"):
         make_optimizer([p], {**lars, "fused_optimizer": True})
-    with pytest.raises(ConfigError, match="known: sgd, adamw, lars"):
+    with pytest.raises(ConfigError, match="known: sgd, adam, adamw, lars"):
         make_optimizer([p], {**lars, "optimizer": "lamb"})
+
+
+def test_adam_adds_the_weight_decay_to_the_gradient_and_adamw_decays_the_weight_apart():
+    # A zero gradient: Adam's step sees g + wd w = wd w, and its first step moves w by lr (m / sqrt(v) = 1);
+    # AdamW only shrinks w by lr x wd.
+    after = {}
+    for name in ("adam", "adamw"):
+        w = torch.nn.Parameter(torch.ones(3))
+        optimiser = make_optimizer([w], sgd_settings(optimizer=name, lr=0.1, weight_decay=0.01))
+        (0 * w.sum()).backward()
+        optimiser.step()
+        after[name] = w.detach()
+    torch.testing.assert_close(after["adam"], torch.full((3,), 0.9), rtol=0, atol=1e-6)
+    torch.testing.assert_close(after["adamw"], torch.full((3,), 1 - 0.1 * 0.01))
 
 
 # --- the weight-decay schedule (train.weight_decay_end) ------------------------------------------

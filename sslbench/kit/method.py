@@ -49,7 +49,7 @@ lr times it), ``fixed_lr`` (True: the group keeps ``train.lr`` x ``lr_scale``, t
 moves it), ``weight_decay`` (default ``train.weight_decay``) and ``exclude_from_lars`` (no weight
 decay and no LARS adaptation; needs ``weight_decay: 0.0``). Every trainable parameter in exactly
 one group. ``exclude_bias_and_norm`` splits parameters the way BYOL, Barlow Twins, VICReg, MoCo v3
-and DINO do. The optimiser is ``train.optimizer`` (sgd | adamw | lars: sslbench.optim.Lars; see
+and DINO do. The optimiser is ``train.optimizer`` (sgd | adam | adamw | lars: sslbench.optim.Lars; see
 sslbench.optim for its trust ratios, ``lars_trust_ratio``, and the settings ``lars_trust_coefficient``
 and ``lars_trust_clip``).
 
