@@ -21,6 +21,7 @@ lose too much in bf16: a diagonal entry near 1 has a resolution of 2^-8):
 - barlow_twins:  the cross-correlation of the batch-standardised embeddings pulled to the identity
                  (Zbontar et al., 2021), with cross_correlation and off_diagonal.
 - variance_hinge, covariance_penalty: VICReg's variance and covariance terms (Bardes et al., 2022).
+- mmcr:          the negative nuclear norm of the views' centroids (Yerxa et al., 2023).
 - instance_nce: InstDisc's (NPID) noise-contrastive estimation against a
               memory bank (Wu et al., 2018).
 """
@@ -48,6 +49,7 @@ __all__ = [
     "cosine_regression",
     "negative_cosine",
     "instance_nce",
+    "mmcr",
 ]
 
 
@@ -410,3 +412,22 @@ def instance_nce(probabilities: torch.Tensor, num_data: int) -> torch.Tensor:
     log_h = torch.log(positive / (positive + noise_mass + NCE_EPS))
     log_not_h = torch.log(noise_mass / (probabilities[:, 1:] + noise_mass + NCE_EPS))
     return -(log_h.sum() + log_not_h.sum()) / probabilities.shape[0]
+
+
+def mmcr(z: torch.Tensor, lmbda: float = 0.0) -> torch.Tensor:
+    """MMCR's loss (Yerxa et al., NeurIPS 2023; ThomasYerxa/mmcr loss_mmcr.py) on the embeddings z [B, V, C]
+    of V views of B images (under DDP, the whole batch): each row L2-normalised, the centroid of each image's
+    views c_b = mean_v z_bv, and
+
+        lmbda x (1/B) sum_b ||Z_b||_*  -  ||[c_1; ...; c_B]||_*
+
+    with ||.||_* the nuclear norm (the sum of singular values) and Z_b [C, V] image b's views (the "local"
+    term, off at lmbda 0, the official default). Computed in float32 at least (an SVD in bf16)."""
+    if z.ndim != 3:
+        raise ValueError(f"mmcr takes z [B, V, C], got shape {tuple(z.shape)}")
+    with torch.autocast(z.device.type, enabled=False):
+        z = F.normalize(_full_precision(z), dim=-1)
+        loss = -torch.linalg.svdvals(z.mean(dim=1)).sum()
+        if lmbda:
+            loss = loss + lmbda * torch.linalg.svdvals(z.transpose(1, 2)).sum() / z.shape[0]
+        return loss
