@@ -25,9 +25,8 @@ class MMCR(Method):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
         self.num_views = p["num_views"]
-        self.projector = bn_mlp(
-            [self.feature_dim, p["proj_hidden_dim"], p["proj_dim"]]
-        )  # models.py: no biases
+        # models.py's projector: no biases
+        self.projector = bn_mlp([self.feature_dim, p["proj_hidden_dim"], p["proj_dim"]])
         self.lmbda = float(p["lmbda"])
 
     def training_loss(self, views, labels, indices):

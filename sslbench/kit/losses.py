@@ -292,7 +292,7 @@ def off_diagonal(matrix: torch.Tensor) -> torch.Tensor:
     return matrix.flatten()[:-1].view(n - 1, n + 1)[:, 1:].flatten()
 
 
-def _full_precision(t: torch.Tensor) -> torch.Tensor:
+def full_precision(t: torch.Tensor) -> torch.Tensor:
     """float32 for a half-precision tensor (float64 stays float64)."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
@@ -307,7 +307,7 @@ def cross_correlation(z1: torch.Tensor, z2: torch.Tensor, eps: float = 1e-5) -> 
     if z1.shape[0] < 2:
         raise ValueError("the cross-correlation needs a batch of at least 2 embeddings")
     with torch.autocast(z1.device.type, enabled=False):
-        z1, z2 = _full_precision(z1), _full_precision(z2)
+        z1, z2 = full_precision(z1), full_precision(z2)
         return _standardise(z1, eps).T @ _standardise(z2, eps) / z1.shape[0]
 
 
@@ -327,7 +327,7 @@ def variance_hinge(z: torch.Tensor, gamma: float = 1.0, eps: float = 1e-4) -> to
     unbiased variance along the batch (main_vicreg.py). 0 when every dimension's std is >= gamma."""
     _require_2d("z", z)
     with torch.autocast(z.device.type, enabled=False):
-        z = _full_precision(z)
+        z = full_precision(z)
         return F.relu(gamma - torch.sqrt(z.var(0) + eps)).mean()
 
 
@@ -336,7 +336,7 @@ def covariance_penalty(z: torch.Tensor) -> torch.Tensor:
     their covariance (centred over the batch, divided by N - 1), divided by D (main_vicreg.py)."""
     _require_2d("z", z)
     with torch.autocast(z.device.type, enabled=False):
-        z = _full_precision(z)
+        z = full_precision(z)
         z = z - z.mean(0)
         cov = z.T @ z / (z.shape[0] - 1)
         return off_diagonal(cov).pow(2).sum() / z.shape[1]
@@ -426,7 +426,7 @@ def mmcr(z: torch.Tensor, lmbda: float = 0.0) -> torch.Tensor:
     if z.ndim != 3:
         raise ValueError(f"mmcr takes z [B, V, C], got shape {tuple(z.shape)}")
     with torch.autocast(z.device.type, enabled=False):
-        z = F.normalize(_full_precision(z), dim=-1)
+        z = F.normalize(full_precision(z), dim=-1)
         loss = -torch.linalg.svdvals(z.mean(dim=1)).sum()
         if lmbda:
             loss = loss + lmbda * torch.linalg.svdvals(z.transpose(1, 2)).sum() / z.shape[0]

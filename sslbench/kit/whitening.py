@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from sslbench.kit.losses import full_precision
+
 
 def whiten(x: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
     """Rows of ``x`` [n, d] centred by their mean, then multiplied by the inverse of the Cholesky factor L
@@ -18,7 +20,7 @@ def whiten(x: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
     if n <= d:
         raise ValueError(f"whitening {d} dimensions needs more than {d} rows, got {n}")
     with torch.autocast(x.device.type, enabled=False):
-        x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        x = full_precision(x)
         centred = x - x.mean(dim=0, keepdim=True)
         eye = torch.eye(d, dtype=x.dtype, device=x.device)
         cov = (1 - eps) * (centred.T @ centred) / (n - 1) + eps * eye
