@@ -40,7 +40,7 @@ def tiny_vit(**kwargs):
 
 
 # Split batch norm needs BatchNorm2d layers: on a ViT these methods run with one split (and refuse more).
-VIT_OVERRIDES = {"moco": {"bn_splits": 1}, "pcl": {"bn_splits": 1}}
+VIT_OVERRIDES = {"moco": {"bn_splits": 1}, "pcl": {"bn_splits": 1}, "ressl": {"bn_splits": 1}}
 
 
 def contract_folders() -> dict[str, Path]:

@@ -3,6 +3,8 @@
 The contrastive losses take L2-normalised embeddings and return the mean over anchors:
 
 - info_nce:   MoCo's InfoNCE with a queue of negatives (He et al., 2020).
+- relational: ReSSL's relation of a query to a queue of anchors, sharpened from a teacher's key
+              (Zheng et al., 2021).
 - supcon:     Supervised Contrastive loss (Khosla et al., 2020); with
               labels=None it is SimCLR's NT-Xent (Chen et al., 2020).
 - proto_nce:  one clustering's ProtoNCE term of PCL (Li et al., 2021).
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "info_nce",
+    "relational",
     "supcon",
     "proto_nce",
     "PROTO_NCE_FORMS",
@@ -84,6 +87,35 @@ def info_nce(
     logits = torch.cat([positive_logits, negative_logits], dim=1) / temperature
     targets = torch.zeros(query.shape[0], dtype=torch.long, device=query.device)
     return F.cross_entropy(logits, targets)
+
+
+def relational(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    anchors: torch.Tensor,
+    student_temperature: float,
+    teacher_temperature: float,
+) -> torch.Tensor:
+    """ReSSL's loss (Zheng et al., NeurIPS 2021; ressl.py): the cross-entropy between the key's relation to
+    the anchors [K, D] (the queue), sharpened by the teacher's lower temperature, and the query's, averaged
+    over the batch:
+
+        -(1/B) sum_b sum_k softmax(key_b anchors^T / t_t)_k log softmax(query_b anchors^T / t_s)_k
+
+    query/key [B, D] and the anchors are L2-normalised rows. The key's relation is a target: no gradient.
+    """
+    _require_2d("query", query)
+    _require_2d("key", key)
+    _require_2d("anchors", anchors)
+    if key.shape != query.shape:
+        raise ValueError(f"key shape {tuple(key.shape)} must equal query shape {tuple(query.shape)}")
+    if anchors.shape[0] < 1 or anchors.shape[1] != query.shape[1]:
+        raise ValueError(f"anchors [K >= 1, {query.shape[1]}] expected, got {tuple(anchors.shape)}")
+    _require_positive("student_temperature", student_temperature)
+    _require_positive("teacher_temperature", teacher_temperature)
+    target = F.softmax(key.detach() @ anchors.T / teacher_temperature, dim=1)
+    log_prediction = F.log_softmax(query @ anchors.T / student_temperature, dim=1)
+    return -(target * log_prediction).sum(dim=1).mean()
 
 
 def supcon(

@@ -1,9 +1,10 @@
-"""MoCo's building blocks, shared by MoCo v1/v2 and PCL (whose pcl/builder.py extends moco/builder.py).
+"""MoCo's building blocks, shared by MoCo v1/v2, PCL (whose pcl/builder.py extends moco/builder.py) and
+ReSSL (whose network/ressl.py is moco/builder.py with another loss).
 
 - ``VERSIONS``, ``moco_head``, ``check_version``, ``temperature_of``: what each MoCo version changes.
 - ``SplitBatchNorm2d``, ``use_split_batch_norm``: BatchNorm over ``num_splits`` sub-batches, as the
   official single-GPU demo (colab/moco_cifar10_demo.ipynb) simulates 8 GPUs.
-- ``MomentumEncoder``: the key encoder, a frozen copy of the query encoder run on a shuffled batch
+- ``MomentumEncoder``, ``key_encoder_of``: the key encoder, a frozen copy of the query encoder run on a shuffled batch
   (shuffle-BN, across ranks under torch.distributed as moco/builder.py); the trainer's EMA moves it.
 """
 
@@ -193,13 +194,19 @@ def temperature_of(params: dict) -> float:
 def query_head_and_key_encoder(
     backbone: nn.Module, version: int | str, dim: int, bn_splits: int, batch_size: int
 ) -> tuple[nn.Sequential, MomentumEncoder]:
-    """The version's query head on ``backbone`` and the key encoder, a frozen copy of both. The
-    backbone's BatchNorm2d become split BN first (``bn_splits`` sub-batches of each process's share
-    of the global ``batch_size``), so that the copy has them too."""
+    """The version's query head on ``backbone`` and the key encoder, a frozen copy of both
+    (``key_encoder_of``)."""
+    head = moco_head(version, backbone.num_features, dim)
+    return head, key_encoder_of(backbone, head, bn_splits, batch_size)
+
+
+def key_encoder_of(backbone: nn.Module, head: nn.Module, bn_splits: int, batch_size: int) -> MomentumEncoder:
+    """The key encoder of the query encoder ``head(backbone)``: the backbone's BatchNorm2d become split BN
+    first (``bn_splits`` sub-batches of each process's share of the global ``batch_size``), so that the
+    frozen copy has them too."""
     has_batchnorm2d = any(isinstance(m, nn.BatchNorm2d) for m in backbone.modules())
     problem = split_batch_norm_problem(bn_splits, batch_size // dist.world_size(), has_batchnorm2d)
     if problem:  # the plan checked it (sslbench.plan.backbones)
         raise ConfigError(problem)
     use_split_batch_norm(backbone, bn_splits)
-    head = moco_head(version, backbone.num_features, dim)
-    return head, MomentumEncoder([backbone, head])
+    return MomentumEncoder([backbone, head])

@@ -7,7 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sslbench.kit.losses import PROTO_NCE_FORMS, info_nce, proto_nce, sample_negative_prototypes, supcon
+from sslbench.kit.losses import (
+    PROTO_NCE_FORMS,
+    info_nce,
+    proto_nce,
+    relational,
+    sample_negative_prototypes,
+    supcon,
+)
 
 SEEDS = [0, 1, 2]
 
@@ -57,6 +64,62 @@ def test_info_nce_gradients_flow_to_query_and_key(seed):
 def test_info_nce_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="key shape"):
         info_nce(torch.zeros(4, 8), torch.zeros(3, 8), torch.zeros(5, 8), 0.1)
+
+
+# --------------------------------------------------------------------------- relational (ReSSL)
+
+
+def test_relational_on_two_anchors_by_hand():
+    # q on anchor 1, k on anchor 2, both temperatures 1: the target is softmax([0, 1]) = [1, e] / (1 + e),
+    # the prediction's log-softmax of [1, 0] is [1, 0] - log(1 + e), so the loss is log(1 + e) - 1 / (1 + e).
+    anchors = torch.eye(2, dtype=torch.float64)
+    q, k = anchors[:1], anchors[1:]
+    e = math.e
+    assert relational(q, k, anchors, 1.0, 1.0).item() == pytest.approx(
+        math.log(1 + e) - 1 / (1 + e), rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_relational_with_a_sharp_teacher_is_cross_entropy_to_the_key_s_nearest_anchor(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, anchors = unit_rows(g, 6, 8), unit_rows(g, 6, 8), unit_rows(g, 10, 8)
+    nearest = (k @ anchors.T).argmax(dim=1)
+    expected = F.cross_entropy(q @ anchors.T / 0.1, nearest)
+    torch.testing.assert_close(relational(q, k, anchors, 0.1, 1e-6), expected)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_relational_of_a_query_equal_to_its_key_at_one_temperature_is_the_relation_s_entropy_and_a_minimum(
+    seed,
+):
+    g = torch.Generator().manual_seed(seed)
+    k, anchors = unit_rows(g, 5, 8), unit_rows(g, 12, 8)
+    # relations as logits: the cross-entropy of a distribution with itself is its entropy, and its minimum
+    logits = k @ anchors.T / 0.2
+    p = F.softmax(logits, dim=1)
+    entropy = -(p * p.log()).sum(dim=1).mean()
+    loss = relational(k, k, anchors, 0.2, 0.2)
+    torch.testing.assert_close(loss, entropy.detach())
+    q = k.clone().requires_grad_()
+    relational(q, k, anchors, 0.2, 0.2).backward()
+    torch.testing.assert_close(q.grad, torch.zeros_like(q), atol=1e-12, rtol=0)
+
+
+def test_relational_gives_the_key_no_gradient_and_the_query_some():
+    g = torch.Generator().manual_seed(0)
+    q, k = unit_rows(g, 4, 8).requires_grad_(), unit_rows(g, 4, 8).requires_grad_()
+    relational(q, k, unit_rows(g, 9, 8), 0.1, 0.04).backward()
+    assert k.grad is None and q.grad.abs().sum() > 0
+
+
+def test_relational_rejects_bad_input():
+    with pytest.raises(ValueError, match="key shape"):
+        relational(torch.zeros(4, 8), torch.zeros(3, 8), torch.zeros(5, 8), 0.1, 0.04)
+    with pytest.raises(ValueError, match="anchors"):
+        relational(torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(0, 8), 0.1, 0.04)
+    with pytest.raises(ValueError, match="teacher_temperature"):
+        relational(torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(5, 8), 0.1, 0.0)
 
 
 # --------------------------------------------------------------------------- supcon
