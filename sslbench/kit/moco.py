@@ -4,8 +4,9 @@ ReSSL (whose network/ressl.py is moco/builder.py with another loss).
 - ``VERSIONS``, ``moco_head``, ``check_version``, ``temperature_of``: what each MoCo version changes.
 - ``SplitBatchNorm2d``, ``use_split_batch_norm``: BatchNorm over ``num_splits`` sub-batches, as the
   official single-GPU demo (colab/moco_cifar10_demo.ipynb) simulates 8 GPUs.
-- ``MomentumEncoder``, ``key_encoder_of``: the key encoder, a frozen copy of the query encoder run on a shuffled batch
-  (shuffle-BN, across ranks under torch.distributed as moco/builder.py); the trainer's EMA moves it.
+- ``MomentumEncoder``, ``key_encoder_of``: the key encoder, a frozen copy of the query encoder run on a
+  shuffled batch (shuffle-BN, across ranks under torch.distributed as moco/builder.py); the trainer's EMA
+  moves it.
 """
 
 from __future__ import annotations
