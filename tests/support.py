@@ -26,8 +26,9 @@ EXERCISER_DIR = REPO / "tests" / "methods" / "exerciser"
 
 # The tests' one tiny Vision Transformer: 2 blocks of 48-d, 3 heads, patches of 4 px (2 x 2 of them on the
 # tiny suite's 8-px digits), padded where a multi-crop view's side is no multiple of 4.
-TINY_VIT = {
+TINY_VIT = {  # small_stem false: DenseCL's config sets it for its ResNet
     "name": "vit_tiny_patch16_224",
+    "small_stem": False,
     "args": {"patch_size": 4, "depth": 2, "num_heads": 3, "embed_dim": 48, "dynamic_img_pad": True},
 }
 
@@ -40,7 +41,12 @@ def tiny_vit(**kwargs):
 
 
 # Split batch norm needs BatchNorm2d layers: on a ViT these methods run with one split (and refuse more).
-VIT_OVERRIDES = {"moco": {"bn_splits": 1}, "pcl": {"bn_splits": 1}, "ressl": {"bn_splits": 1}}
+VIT_OVERRIDES = {
+    "moco": {"bn_splits": 1},
+    "pcl": {"bn_splits": 1},
+    "ressl": {"bn_splits": 1},
+    "densecl": {"bn_splits": 1, "backbone": {"small_stem": False}},  # its config's small stem is a ResNet's
+}
 
 
 def contract_folders() -> dict[str, Path]:

@@ -12,7 +12,7 @@ ReSSL (whose network/ressl.py is moco/builder.py with another loss).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -156,34 +156,51 @@ def use_split_batch_norm(module: nn.Module, num_splits: int) -> nn.Module:
 
 
 class MomentumEncoder(nn.Module):
-    """A frozen deep copy of the query encoder (the modules ``online``, applied in order); the
-    method declares ``(online, key_encoder)`` a momentum pair and the engine moves it."""
+    """A frozen deep copy of the query encoder (the modules ``online``); the method declares ``(online,
+    key_encoder)`` a momentum pair and the engine moves it. ``run(net, x)`` computes the keys from the copy
+    (``net``, an nn.Sequential of the copied modules): by default the modules applied in order. It may return
+    a tuple of tensors, each [B, ...] (DenseCL's global and dense keys); each is unshuffled alike."""
 
-    def __init__(self, online: Sequence[nn.Module]):
+    def __init__(self, online: Sequence[nn.Module], run: Callable | None = None):
         super().__init__()
         self.net = frozen_copy(online)
+        self.run = run or _in_order
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Keys for the batch x, computed on a shuffled batch and returned in x's order (shuffle-BN)."""
         if dist.world_size() > 1:
             return self._forward_shuffled_across_ranks(x)
         order = torch.randperm(x.shape[0]).to(x.device)  # CPU RNG: the same draws on every device
-        return self.net(x[order])[torch.argsort(order)]
+        inverse = torch.argsort(order)
+        return _each(self.run(self.net, x[order]), lambda keys: keys[inverse])
 
     @torch.no_grad()
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
+    def embed(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The key encoder on x as it is (no shuffle): features for an E-step."""
-        return self.net(x)
+        return self.run(self.net, x)
 
-    def _forward_shuffled_across_ranks(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_shuffled_across_ranks(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         # moco/builder.py _batch_shuffle_ddp / _batch_unshuffle_ddp: rank 0 draws the permutation.
         ranks, rank = dist.world_size(), dist.rank()
         x_all = dist.gather(x)
         order = dist.broadcast(torch.randperm(x_all.shape[0]).to(x.device), src=0)
-        mine = order.view(ranks, -1)[rank]
-        keys_all = dist.gather(self.net(x_all[mine]))  # in shuffled order
-        return keys_all[torch.argsort(order)].view(ranks, -1, *keys_all.shape[1:])[rank]
+        mine, inverse = order.view(ranks, -1)[rank], torch.argsort(order)
+
+        def unshuffle(keys):  # every rank's keys, in shuffled order, back in x_all's; then this rank's
+            keys_all = dist.gather(keys)
+            return keys_all[inverse].view(ranks, -1, *keys_all.shape[1:])[rank]
+
+        return _each(self.run(self.net, x_all[mine]), unshuffle)
+
+
+def _in_order(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    return net(x)
+
+
+def _each(out, fn):
+    """fn on a tensor, or on each tensor of a tuple."""
+    return tuple(fn(t) for t in out) if isinstance(out, tuple) else fn(out)
 
 
 def temperature_of(params: dict) -> float:
@@ -201,13 +218,15 @@ def query_head_and_key_encoder(
     return head, key_encoder_of(backbone, head, bn_splits, batch_size)
 
 
-def key_encoder_of(backbone: nn.Module, head: nn.Module, bn_splits: int, batch_size: int) -> MomentumEncoder:
-    """The key encoder of the query encoder ``head(backbone)``: the backbone's BatchNorm2d become split BN
-    first (``bn_splits`` sub-batches of each process's share of the global ``batch_size``), so that the
-    frozen copy has them too."""
+def key_encoder_of(
+    backbone: nn.Module, head: nn.Module, bn_splits: int, batch_size: int, run: Callable | None = None
+) -> MomentumEncoder:
+    """The key encoder of the query encoder ``head(backbone)`` (or ``run((backbone, head), x)``): the
+    backbone's BatchNorm2d become split BN first (``bn_splits`` sub-batches of each process's share of the
+    global ``batch_size``), so that the frozen copy has them too."""
     has_batchnorm2d = any(isinstance(m, nn.BatchNorm2d) for m in backbone.modules())
     problem = split_batch_norm_problem(bn_splits, batch_size // dist.world_size(), has_batchnorm2d)
     if problem:  # the plan checked it (sslbench.plan.backbones)
         raise ConfigError(problem)
     use_split_batch_norm(backbone, bn_splits)
-    return MomentumEncoder([backbone, head])
+    return MomentumEncoder([backbone, head], run)

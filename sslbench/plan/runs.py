@@ -209,6 +209,21 @@ def floor_key(backbone: dict) -> str:
     return json.dumps({k: v for k, v in backbone.items() if k != "input_filter"}, sort_keys=True)
 
 
+def floor_label(backbone: dict, others: list[dict], key: str) -> str:
+    """`random[<backbone name>]`; where a floor of a network of that name exists, the settings that differ
+    from its (`random[test_resnet,small_stem=True]`), or, where one of them is not a plain value (the
+    arguments), a digest of the settings."""
+    same_name = [other for other in others if other["name"] == backbone["name"]]
+    if not same_name:
+        return f"{FLOOR_METHOD}[{backbone['name']}]"
+    other = same_name[0]
+    keys = sorted(set(backbone) | set(other))
+    differ = {k: backbone.get(k) for k in keys if backbone.get(k) != other.get(k)}
+    if all(isinstance(v, (bool, int, float, str)) for v in differ.values()):
+        return f"{FLOOR_METHOD}[{backbone['name']}," + ",".join(f"{k}={v}" for k, v in differ.items()) + "]"
+    return f"{FLOOR_METHOD}[{backbone['name']}-{hashlib.sha256(key.encode()).hexdigest()[:6]}]"
+
+
 def add_floors(config: dict, methods_dir: str | Path, runs: dict, slugs: dict, pretrain: list[str]) -> dict:
     """{(pretrain dataset, method label): its floor's label} of every trained run, where the plan has
     `random`: its base run is the floor of the suite's backbone, and each other backbone a run trains
@@ -227,11 +242,7 @@ def add_floors(config: dict, methods_dir: str | Path, runs: dict, slugs: dict, p
             key = floor_key(run["backbone"])
             if key not in by_key:
                 backbone = json.loads(key)
-                name = f"{FLOOR_METHOD}[{backbone['name']}]"
-                if name in by_key.values():  # another network of the same name: told apart by its settings
-                    name = (
-                        f"{FLOOR_METHOD}[{backbone['name']}-{hashlib.sha256(key.encode()).hexdigest()[:6]}]"
-                    )
+                name = floor_label(backbone, [json.loads(k) for k in by_key], key)
                 resolved = resolve_method_config(config, methods_dir, FLOOR_METHOD, {"backbone": backbone}, p)
                 runs[p, name] = {**resolved, "method": name}
                 slugs[name] = method_slug(name)

@@ -77,7 +77,7 @@ CASES = {method: (method, OWN_SETTINGS.get(method, {})) for method in FOLDERS} |
 }
 # Every method on a tiny ViT too (pixels has no backbone to swap)
 CASES |= {
-    f"{method}-vit": (method, {"backbone": TINY_VIT, **VIT_OVERRIDES.get(method, {}), **CASES[method][1]})
+    f"{method}-vit": (method, {**VIT_OVERRIDES.get(method, {}), "backbone": TINY_VIT, **CASES[method][1]})
     for method in FOLDERS
     if method != "pixels"
 }

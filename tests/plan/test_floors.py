@@ -36,6 +36,14 @@ def test_each_run_is_measured_against_the_untrained_network_of_its_own_backbone(
         assert plan.floors[p, floor] == floor  # a floor is its own
 
 
+def test_the_floor_of_a_network_named_like_another_s_says_which_settings_differ():
+    plan = plan_of(["simclr", "densecl", "random"])  # DenseCL: the suite's test_resnet with the small stem
+    floors = {label: floor for (_, label), floor in plan.floors.items()}
+    assert floors["simclr"] == "random"
+    assert floors["densecl"] == "random[test_resnet,small_stem=True]"
+    assert plan.runs["digits", floors["densecl"]]["backbone"]["small_stem"] is True
+
+
 def test_a_floor_is_measured_on_its_extra_seeds_for_the_floor_protocols_and_targets_only():
     plan = plan_of(["simclr", "random"], seeds=[0, 7])
     assert plan.floor_seeds == [0, 1, 2, 3, 4]
