@@ -12,7 +12,8 @@ from sslbench.kit.losses import info_nce
 
 
 def step_by_hand(method, views, seed):
-    """The loss written out from the method's networks, its queues before the step, and the keys."""
+    """The two losses written out from the method's networks and its queues before the step, and the
+    matched positions."""
     queue, dense_queue = method.queue.keys.clone(), method.dense_queue.keys.clone()
     with torch.no_grad():
         fmap_q = method.backbone.forward_features(views[0]).flatten(2)  # [B, C, P]
@@ -28,17 +29,16 @@ def step_by_hand(method, views, seed):
             rows_k.append(k_grid[b, :, match[b, i]])
     single = info_nce(q, k, queue, method.temperature)
     dense = info_nce(torch.stack(rows_q), torch.stack(rows_k), dense_queue, method.temperature)
-    return single, dense, (k, k2)
+    return single, dense, match
 
 
 def test_loss_by_hand_global_and_dense_weighted_by_lambda(build):
     method = build("densecl", bn_splits=2, loss_lambda=0.3)
-    views = [torch.randn(16, 1, 16, 16, generator=torch.Generator().manual_seed(0)) for _ in range(2)]
-    assert method.backbone.forward_features(views[0]).shape[-2:] == (
-        2,
-        2,
-    )  # 4 positions per image (small stem)
-    single, dense, _ = step_by_hand(method, views, seed=5)
+    x = torch.randn(16, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    views = [x, x.flip(-1)]  # the key view mirrored: its matches are mostly the mirrored positions
+    assert method.backbone.forward_features(x).shape[-2:] == (2, 2)  # 4 positions (the small stem)
+    single, dense, match = step_by_hand(method, views, seed=5)
+    assert not torch.equal(match, torch.arange(4).expand(16, -1))  # the correspondence is not the identity
     torch.manual_seed(5)
     loss = method.training_loss(views, None, torch.arange(16))
     torch.testing.assert_close(loss, 0.7 * single + 0.3 * dense)
@@ -57,7 +57,9 @@ def test_the_queues_take_the_global_keys_and_the_dense_keys_mean_after_the_loss(
     method = build("densecl", bn_splits=2)
     views = random_views(seed=2)
     before = method.dense_queue.keys.clone()
-    _, _, (k, k2) = step_by_hand(method, views, seed=7)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        k, _, k2, _ = method.key_encoder(views[1])
     torch.manual_seed(7)
     method.training_loss(views, None, torch.arange(16))
     torch.testing.assert_close(method.queue.keys[:16], k)
@@ -87,3 +89,11 @@ def test_the_neck_global_mlp_is_kaiming_initialised_and_the_dense_one_is_not(bui
     )  # Kaiming, fan in 512
     assert dense_bias.abs().max() > 0  # torch's default init (uniform bias)
     assert method.projection_head() is method.neck.mlp
+
+
+def test_the_key_encoder_returns_each_of_its_outputs_in_the_batch_s_order(build):
+    method = build("densecl", bn_splits=2)
+    method.key_encoder.eval()  # batch norm per image: the shuffle is then invisible in the outputs
+    x = random_views(seed=4)[1]
+    for shuffled, plain in zip(method.key_encoder(x), method.key_encoder.embed(x), strict=True):
+        torch.testing.assert_close(shuffled, plain)
