@@ -123,6 +123,17 @@ FORMATS: dict[str, Format] = {
             "import that file"
         ),
     ),
+    "ressl": Format(
+        "mingkai-zheng/ReSSL linear_eval.py (ressl-200.pth)",
+        wrapper="model",
+        prefix="module.encoder_q.net.",
+        drop=("module.encoder_q.head.", "module.encoder_k.", "module.queue"),
+    ),
+    "densecl": Format(
+        "WXinlong/DenseCL tools/extract_backbone_weights.py, the layout of the README's released files",
+        wrapper="state_dict",
+        note="the released files hold the backbone alone, extracted from a training checkpoint",
+    ),
     "torchvision": Format(
         "pytorch/vision torchvision/models/resnet.py", wrapper=None, drop=TORCHVISION_CLASSIFIER
     ),

@@ -55,6 +55,8 @@ OFFICIAL_FIELDS: dict[str, Callable[[], dict]] = {
         "optimizer": sgd_state(0.5),
         "epoch": 350,
     },
+    "ressl": lambda: {"epoch": 200, "optimizer": sgd_state(0.05)},
+    "densecl": lambda: {"author": "DenseCL"},
     "instdisc": lambda: {
         "epoch": 200,
         "arch": "resnet50",
@@ -222,6 +224,15 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
     "vicreg": lambda state, d: projector("module.projector", d, 64, bias=True),
     "supcon": lambda state, d: linear("module.head.0", d, d) | linear("module.head.2", 128, d),
     "instdisc": lambda state, d: linear("module.fc", 128, d),
+    "ressl": lambda state, d: (  # network/ressl.py: both encoders' projection heads, the key net, the queue
+        linear("module.encoder_q.head.linear1", 64, d)
+        | linear("module.encoder_q.head.linear2", 32, 64)
+        | momentum_copy("module.encoder_k.net.", state)
+        | linear("module.encoder_k.head.linear1", 64, d)
+        | linear("module.encoder_k.head.linear2", 32, 64)
+        | {"module.queue": torch.randn(32, 16), "module.queue_ptr": torch.zeros(1, dtype=torch.long)}
+    ),
+    "densecl": lambda state, d: {},  # the released files are the extracted backbone
     "byol": lambda state, d: linear("fc", 1000, d),
     "torchvision": lambda state, d: linear("fc", 1000, d),
     "timm": lambda state, d: linear("fc", 1000, d),

@@ -245,6 +245,27 @@ def test_barlowtwins_and_vicreg_full_checkpoints(tmp_path):
     assert_same_backbone(load_backbone(fresh(), backbone_state(path, "vicreg"), path), model)
 
 
+def test_ressl_model_entry_as_linear_eval_reads_it(tmp_path):
+    model = tiny()
+    d = model.num_features
+    head = linear("module.encoder_q.head.linear1", 64, d) | linear("module.encoder_q.head.linear2", 32, 64)
+    key_net = prefixed("module.encoder_k.net.", tiny(seed=1).state_dict())
+    queue = {"module.queue": torch.randn(32, 16), "module.queue_ptr": torch.zeros(1, dtype=torch.long)}
+    model_entry = prefixed("module.encoder_q.net.", model.state_dict()) | head | key_net | queue
+    path = tmp_path / "ressl-200.pth"
+    torch.save({"model": model_entry, "optimizer": {}, "epoch": 200}, path)
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "ressl"), path), model)
+
+
+def test_densecl_extracted_backbone_file(tmp_path):
+    model = (
+        tiny()
+    )  # tools/extract_backbone_weights.py: {"state_dict": the backbone's keys, "author": "DenseCL"}
+    path = tmp_path / "densecl_r50_imagenet_200ep.pth"
+    torch.save({"state_dict": dict(model.state_dict()), "author": "DenseCL"}, path)
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "densecl"), path), model)
+
+
 @pytest.mark.parametrize("encoder", ["module.encoder.", "encoder.module.", "encoder."])
 def test_supcon_model_entry(encoder, tmp_path):
     model = tiny()
