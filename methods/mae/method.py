@@ -13,7 +13,7 @@ a light decoder reconstructs the pixels of the others from the encoded ones and 
     AdamW step; weight decay on every tensor of more than one dimension (biases and norms: none)
 
 models_mae.py (facebookresearch/mae) builds its own ViT; here the encoder is the backbone's own
-modules: patch_embed, _pos_embed (class token and position embeddings), norm_pre, blocks, norm, so
+modules: patch_embed, its class token and position embeddings, norm_pre, blocks, norm, so
 that the encoder trained is exactly the network evaluated: the backbone, its class token after the
 final norm (its normal forward).
 """
@@ -21,12 +21,12 @@ final norm (its normal forward).
 from functools import partial
 
 import torch
-from timm.models.vision_transformer import Block, VisionTransformer
+from timm.models.vision_transformer import Block
 from torch import nn
 
-from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.kit.method import Method, exclude_bias_and_norm
+from sslbench.kit.vit import batch_draw, check_masked_vit, with_positions
 
 CONFIG = "methods/mae/config.yaml"
 LN_EPS = 1e-6  # models_mae.py: norm_layer=partial(nn.LayerNorm, eps=1e-6)
@@ -104,51 +104,13 @@ def sincos_pos_embed(dim: int, grid: tuple[int, int], cls_token: bool) -> torch.
     return table.float()
 
 
-def check_vit(backbone: nn.Module, cfg: dict, info) -> int:
-    """The backbone must be a timm ViT MAE can mask: refuse anything else, naming the key to change.
-    Returns its patch size."""
-    name = cfg["backbone"]["name"]
-    if not isinstance(backbone, VisionTransformer):
-        raise ConfigError(
-            f"MAE masks the patches of a Vision Transformer, but `backbone.name` = {name!r} builds a "
-            f"{type(backbone).__name__}. Set `backbone.name` to a timm vision_transformer model (for the "
-            "16-px default e.g. `backbone: {name: vit_tiny_patch16_224, args: {patch_size: 4, depth: 4}}`), "
-            "or leave mae out of `methods`."
-        )
-    pool = getattr(backbone, "global_pool", "token")
-    if backbone.cls_token is None or backbone.num_prefix_tokens != 1 or pool != "token":
-        raise ConfigError(
-            f"MAE's encoder has one class token, read after the final norm: `backbone.name` = {name!r} "
-            f"with `backbone.args` {cfg['backbone'].get('args') or {}} has class token "
-            f"{backbone.cls_token is not None}, {backbone.num_prefix_tokens} prefix tokens and global_pool "
-            f"{pool!r}. Keep timm's defaults (class_token true, reg_tokens 0, global_pool 'token')."
-        )
-    if backbone.pos_embed is None or not isinstance(backbone.patch_drop, nn.Identity):
-        raise ConfigError(
-            f"MAE needs the ViT's position embeddings and does its own masking: `backbone.args` must not "
-            f"set pos_embed 'none' or patch_drop_rate > 0 (got {cfg['backbone'].get('args') or {}})."
-        )
-    ph, pw = backbone.patch_embed.patch_size
-    if ph != pw or info.image_size % ph:
-        raise ConfigError(
-            f"MAE reconstructs square patches that tile the image: `backbone.args.patch_size` "
-            f"{(ph, pw)} must be square and divide the dataset's image size {info.image_size}."
-        )
-    if backbone.patch_embed.proj.in_channels != info.channels:
-        raise ConfigError(
-            f"`backbone.name` = {name!r} takes {backbone.patch_embed.proj.in_channels} channels, the "
-            f"images have {info.channels}"
-        )
-    return ph
-
-
 class MAE(Method):
     num_views = 1  # main_pretrain.py: one crop + flip per image
 
     def __init__(self, backbone, info, cfg):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
-        self.patch = check_vit(backbone, cfg, info)
+        self.patch = check_masked_vit(backbone, cfg, info, "MAE")
         self.grid = (info.image_size // self.patch, info.image_size // self.patch)
         num_patches = self.grid[0] * self.grid[1]
         self.mask_ratio = float(p["mask_ratio"])
@@ -217,7 +179,7 @@ class MAE(Method):
         """The backbone on the kept patches: (tokens [N, 1 + keep, D] after the final norm, the class
         token first; mask [N, L]; ids_restore [N, L])."""
         vit = self.backbone
-        tokens = vit._pos_embed(vit.patch_embed(images))  # [cls + pos_0, patches + pos_1..L]
+        tokens = with_positions(vit, vit.patch_embed(images))  # [cls + pos_0, patches + pos_1..L]
         kept, mask, ids_restore = random_masking(tokens[:, 1:], mask_ratio, noise)
         x = vit.norm_pre(torch.cat([tokens[:, :1], kept], dim=1))
         return vit.norm(vit.blocks(x)), mask, ids_restore
@@ -237,20 +199,11 @@ class MAE(Method):
         images = views[0]
         if tuple(images.shape[-2:]) != tuple(s * self.patch for s in self.grid):
             raise ValueError(f"MAE expects {self.info.image_size}-px views, got {tuple(images.shape[-2:])}")
-        noise = self.mask_noise(images.shape[0], self.grid[0] * self.grid[1], images.device)
+        noise = batch_draw(images.shape[0], self.grid[0] * self.grid[1], images.device)
         latent, mask, ids_restore = self.forward_encoder(images, self.mask_ratio, noise)
         pred = self.forward_decoder(latent, ids_restore)
         target = patchify(images.float(), self.patch)  # the loss in fp32 (under autocast too)
         return masked_patch_loss(pred.float(), target, mask.float(), self.norm_pix_loss)
-
-    @torch.no_grad()
-    def mask_noise(self, batch: int, length: int, device) -> torch.Tensor:
-        """[batch, length] masking noise of this rank's images: rank 0's draw for the whole batch, of
-        which this rank takes its rows. main_pretrain.py's ranks draw their own (seeded seed + rank):
-        the same distribution; here 2 processes compute what one computes on the whole batch. In one
-        process: torch.rand(batch, length), random_masking's own draw."""
-        everyone = torch.rand(batch * dist.world_size(), length, device=device)
-        return dist.broadcast(everyone)[dist.rank() * batch : (dist.rank() + 1) * batch]
 
     def param_groups(self):
         # main_pretrain.py: timm 0.3.2 optim_factory.add_weight_decay(model, wd) with no skip list:

@@ -63,15 +63,20 @@ pytestmark = pytest.mark.slow
 FOLDERS = contract_folders()  # every method folder and the test method that uses the whole contract
 # Every folder with its own settings, plus the settings of paths a default does not take:
 # {case: (method, method_overrides)}.
-# MAE's attention key biases have no gradient (softmax ignores a constant per query): only round-off,
-# ~1e-10, which differs between 1 and 2 processes. Adam's and AdamW's first step is about
+# MAE's and SimMIM's attention key biases have no gradient (softmax ignores a constant per query): only
+# round-off, ~1e-10, which differs between 1 and 2 processes. Adam's and AdamW's first step is about
 # g / (|g| + eps) x lr, so that round-off moves them by up to 1 % of the lr in either direction, and any
 # entry whose gradient is near 0 by up to the lr (W-MSE's and MMCR's Adam). The gradients are compared
 # (they agree); the step is SGD's, which moves them by lr x round-off.
 SGD_STEP = {"train": {"optimizer": "sgd", "lr": 0.01}}
 # W-MSE whitens 64-d embeddings in sub-batches of 128, over this test's global batch of 32: 8-d ones in two
 # sub-batches of 16 here, so that which rows share a sub-batch (rank 0's draw) matters.
-OWN_SETTINGS = {"mae": SGD_STEP, "mmcr": SGD_STEP, "wmse": {"proj_dim": 8, "w_size": 16, **SGD_STEP}}
+OWN_SETTINGS = {
+    "mae": SGD_STEP,
+    "simmim": SGD_STEP,
+    "mmcr": SGD_STEP,
+    "wmse": {"proj_dim": 8, "w_size": 16, **SGD_STEP},
+}
 CASES = {method: (method, OWN_SETTINGS.get(method, {})) for method in FOLDERS} | {
     "instdisc-nce": ("instdisc", {"num_negatives": 64}),  # NCE (the ImageNet presets'); the default: softmax
 }

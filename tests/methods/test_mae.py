@@ -14,6 +14,7 @@ from support import METHODS_DIR, fixed_batch_losses
 from torch import nn
 
 from sslbench.errors import ConfigError
+from sslbench.kit.vit import batch_draw
 from sslbench.plugins import load_method_class
 from sslbench.pretrain.trainer import Trainer, build_backbone
 
@@ -89,7 +90,7 @@ def test_training_draws_the_whole_batch_s_noise_from_the_global_rng(vit):
     # of rank 0's draw for the whole batch (2 processes = 1 process: tests/methods/test_distributed.py).
     method = vit()
     torch.manual_seed(3)
-    noise = method.mask_noise(4, 16, torch.device("cpu"))
+    noise = batch_draw(4, 16, torch.device("cpu"))
     torch.manual_seed(3)
     assert torch.equal(noise, torch.rand(4, 16))
     x = torch.randn(4, 1, 8, 8)

@@ -1,0 +1,87 @@
+"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM) run it: the checks that it can be
+masked, its class token and position embeddings added to patch tokens, the random draw of a whole batch's
+masks, and SimMIM's mask of random units of patches.
+
+The encoder trained is the backbone's own modules (patch_embed, the positions, norm_pre, blocks, norm), so
+that the network trained is the network evaluated.
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from sslbench import distributed as dist
+from sslbench.errors import ConfigError
+
+
+def check_masked_vit(backbone: nn.Module, cfg: dict, info, method: str) -> int:
+    """The backbone must be a timm ViT ``method`` can mask: refuse anything else, naming the key to change.
+    Returns its patch size."""
+    name = cfg["backbone"]["name"]
+    if not isinstance(backbone, VisionTransformer):
+        raise ConfigError(
+            f"{method} masks the patches of a Vision Transformer, but `backbone.name` = {name!r} builds a "
+            f"{type(backbone).__name__}. Set `backbone.name` to a timm vision_transformer model (for the "
+            "16-px default e.g. `backbone: {name: vit_tiny_patch16_224, args: {patch_size: 4, depth: 4}}`), "
+            f"or leave {method.lower()} out of `methods`."
+        )
+    pool = getattr(backbone, "global_pool", "token")
+    if backbone.cls_token is None or backbone.num_prefix_tokens != 1 or pool != "token":
+        raise ConfigError(
+            f"{method}'s encoder has one class token, read after the final norm: `backbone.name` = {name!r} "
+            f"with `backbone.args` {cfg['backbone'].get('args') or {}} has class token "
+            f"{backbone.cls_token is not None}, {backbone.num_prefix_tokens} prefix tokens and global_pool "
+            f"{pool!r}. Keep timm's defaults (class_token true, reg_tokens 0, global_pool 'token')."
+        )
+    if backbone.pos_embed is None or not isinstance(backbone.patch_drop, nn.Identity):
+        raise ConfigError(
+            f"{method} needs the ViT's position embeddings and does its own masking: `backbone.args` must "
+            f"not set pos_embed 'none' or patch_drop_rate > 0 (got {cfg['backbone'].get('args') or {}})."
+        )
+    ph, pw = backbone.patch_embed.patch_size
+    if ph != pw or info.image_size % ph:
+        raise ConfigError(
+            f"{method} reconstructs square patches that tile the image: `backbone.args.patch_size` "
+            f"{(ph, pw)} must be square and divide the dataset's image size {info.image_size}."
+        )
+    if backbone.patch_embed.proj.in_channels != info.channels:
+        raise ConfigError(
+            f"`backbone.name` = {name!r} takes {backbone.patch_embed.proj.in_channels} channels, the "
+            f"images have {info.channels}"
+        )
+    return ph
+
+
+def with_positions(vit: VisionTransformer, patches: torch.Tensor) -> torch.Tensor:
+    """[N, 1 + L, D]: the class token (plus its position) before the patch tokens [N, L, D] plus theirs, as
+    the ViT's own forward adds them (timm's ``_pos_embed``)."""
+    return vit._pos_embed(patches)
+
+
+@torch.no_grad()
+def batch_draw(batch: int, length: int, device) -> torch.Tensor:
+    """[batch, length] uniform noise for this rank's images: rank 0's draw for the whole batch, of which
+    this rank takes its rows. The official codes' ranks draw their own (seeded seed + rank): the same
+    distribution; here 2 processes compute what one computes on the whole batch. In one process:
+    torch.rand(batch, length) from the global RNG the trainer seeds."""
+    everyone = torch.rand(batch * dist.world_size(), length, device=device)
+    return dist.broadcast(everyone)[dist.rank() * batch : (dist.rank() + 1) * batch]
+
+
+def random_unit_mask(noise: torch.Tensor, count: int, grid: tuple[int, int], unit: int) -> torch.Tensor:
+    """SimMIM's mask (data_simmim.py MaskGenerator): the patch grid [h, w] cut into mask units of unit x unit
+    patches, ``count`` units of each image masked at random (those of smallest ``noise`` [N, units], a
+    uniform random subset as np.random.permutation(units)[:count] draws it), each unit's patches with it.
+    Returns [N, h, w], 1 = masked."""
+    h, w = grid
+    if h % unit or w % unit:
+        raise ValueError(f"mask units of {unit} x {unit} patches do not tile a {h} x {w} grid of patches")
+    rows, cols = h // unit, w // unit
+    if noise.shape[1] != rows * cols or not 0 <= count <= rows * cols:
+        raise ValueError(f"{count} of {rows * cols} units from noise of shape {tuple(noise.shape)}")
+    masked = torch.zeros_like(noise)
+    masked.scatter_(1, noise.argsort(dim=1)[:, :count], 1.0)
+    units = masked.view(-1, rows, cols)
+    return units.repeat_interleave(unit, dim=1).repeat_interleave(unit, dim=2)
