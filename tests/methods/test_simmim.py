@@ -61,6 +61,16 @@ def test_loss_by_hand_the_l1_error_on_the_masked_pixels_over_their_number_and_th
     assert float(simmim.masked_l1(x, y, mask, 2)) == pytest.approx(expected, rel=1e-5)
 
 
+def test_the_loss_of_a_three_channel_image_is_the_mean_over_masked_pixels_and_channels_by_hand():
+    images = torch.zeros(1, 3, 4, 4)
+    reconstruction = torch.zeros(1, 3, 4, 4)
+    reconstruction[0, :, :2, :2] = torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1)  # patch (0, 0), masked
+    reconstruction[0, :, 2:, 2:] = 10.0  # patch (1, 1), not masked: no part of the loss
+    mask = torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])
+    # |error| summed over the masked patch's 4 pixels and 3 channels: 4 x (1 + 2 + 3) = 24; over 4 pixels, 3 channels
+    assert float(simmim.masked_l1(images, reconstruction, mask, 2)) == pytest.approx(24 / (4 + 1e-5) / 3)
+
+
 def test_the_reconstruction_does_not_see_the_masked_patches_pixels(vit):
     method = vit().eval()
     x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(2))
