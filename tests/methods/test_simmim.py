@@ -67,7 +67,8 @@ def test_the_loss_of_a_three_channel_image_is_the_mean_over_masked_pixels_and_ch
     reconstruction[0, :, :2, :2] = torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1)  # patch (0, 0), masked
     reconstruction[0, :, 2:, 2:] = 10.0  # patch (1, 1), not masked: no part of the loss
     mask = torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])
-    # |error| summed over the masked patch's 4 pixels and 3 channels: 4 x (1 + 2 + 3) = 24; over 4 pixels, 3 channels
+    # |error| summed over the masked patch's 4 pixels and 3 channels: 4 x (1 + 2 + 3) = 24;
+    # over its 4 pixels and the 3 channels
     assert float(simmim.masked_l1(images, reconstruction, mask, 2)) == pytest.approx(24 / (4 + 1e-5) / 3)
 
 
