@@ -73,6 +73,23 @@ def test_unknown_method_lists_known_ones():
     assert "simclr" in str(err.value) and "random" in str(err.value)
 
 
+def test_methods_all_leaves_out_the_excluded_folders_and_an_unknown_one_is_named(tmp_path):
+    for name in ("alpha", "beta", "gamma"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "method.py").write_text("")
+    cfg = {"methods": "all", "methods_excluded": ["beta"]}
+    assert selected_methods(cfg, tmp_path) == ["alpha", "gamma"]
+    assert selected_methods({"methods": ["beta"], "methods_excluded": ["beta"]}, tmp_path) == [
+        "beta"
+    ]  # a list wins
+    with pytest.raises(ConfigError, match=r"`methods_excluded`: unknown method\(s\) \['betaa'\]"):
+        selected_methods({"methods": "all", "methods_excluded": ["betaa"]}, tmp_path)
+    default = load_config(REPO / "config", [], {})
+    assert "simmim" not in selected_methods(default, METHODS_DIR) and "mae" in selected_methods(
+        default, METHODS_DIR
+    )
+
+
 def write_presets(folder):
     (folder / "a.yaml").write_text("methods: [random]\nseeds: [0]\ntrain: {epochs: 3, lr: 0.5}\n")
     (folder / "b.yaml").write_text("train: {epochs: 4}\n")
