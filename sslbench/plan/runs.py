@@ -576,14 +576,9 @@ def selected_methods(config: dict, methods_dir: str | Path) -> list[str]:
     found = discover_methods(methods_dir)
     wanted = config.get("methods", "all")
     if wanted == "all":
-        excluded = config.get("methods_excluded") or []
-        unknown = [m for m in excluded if not (Path(methods_dir) / m).is_dir()]
-        if unknown:
-            raise ConfigError(
-                f"config key `methods_excluded`: unknown method(s) {unknown}; the method folders under "
-                f"{methods_dir} are {list_method_folders(methods_dir)}. Fix the name or remove it."
-            )
-        # folders without method.py are reported, not skipped
+        # A name without a folder leaves nothing out: the default holds whichever folders a copy keeps.
+        # Folders without method.py are reported, not skipped.
+        excluded = set(config.get("methods_excluded") or [])
         return [m for m in list_method_folders(methods_dir) if m not in excluded]
     unknown = [m for m in wanted if not (Path(methods_dir) / m).is_dir()]
     if unknown:
