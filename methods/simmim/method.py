@@ -43,7 +43,7 @@ class SimMIM(Method):
                 f"{CONFIG}: mask_unit {self.unit} patches does not divide the {self.grid[0]} x "
                 f"{self.grid[1]} patches of a {info.image_size}-px image at patch size {self.patch}"
             )
-        units = (self.grid[0] // self.unit) * (self.grid[1] // self.unit)
+        self.units = units = (self.grid[0] // self.unit) * (self.grid[1] // self.unit)
         self.mask_count = math.ceil(units * float(p["mask_ratio"]))  # MaskGenerator: int(np.ceil(...))
         if not 1 <= self.mask_count < units:
             raise ConfigError(
@@ -61,9 +61,8 @@ class SimMIM(Method):
 
     def training_loss(self, views, labels, indices):
         images = views[0]
-        n = images.shape[0]
-        units = (self.grid[0] // self.unit) * (self.grid[1] // self.unit)
-        mask = random_unit_mask(batch_draw(n, units, images.device), self.mask_count, self.grid, self.unit)
+        noise = batch_draw(images.shape[0], self.units, images.device)
+        mask = random_unit_mask(noise, self.mask_count, self.grid, self.unit)
         reconstruction = self.reconstruct(images, mask)
         return masked_l1(images.float(), reconstruction.float(), mask, self.patch)
 
