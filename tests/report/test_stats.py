@@ -21,8 +21,8 @@ from sslbench.provenance import code_digest
 from sslbench.report.stats import (
     BEATS,
     HEADLINE,
+    NOT_EVERY_SEED,
     NOT_SHOWN,
-    ON_AVERAGE,
     SAME_MARK,
     TableError,
     ablation_table,
@@ -603,7 +603,7 @@ def test_record_verdict_on_the_bar_by_hand():
     """The bar: a mean margin of at least 5 points with the interval's lower end at least 2; on every
     seed when none falls under the floor's mean."""
     assert record_verdict(0.05, 0.02, 0) == BEATS
-    assert record_verdict(0.09, 0.03, 2) == ON_AVERAGE
+    assert record_verdict(0.09, 0.03, 2) == NOT_EVERY_SEED
     assert record_verdict(0.049, 0.03, 0) == NOT_SHOWN  # the margin under 5 points
     assert record_verdict(0.08, 0.019, 0) == NOT_SHOWN  # the interval's lower end under 2
     assert record_verdict(0.032, 0.004, 5) == NOT_SHOWN
@@ -639,7 +639,7 @@ def test_floor_record_by_hand():
     moco = record.loc["moco"]
     assert math.isclose(moco["margin"], np.mean([0.62, 0.64, 0.49, 0.63, 0.65, 0.61]) - 0.50)
     assert moco["seeds"] == "0-5" and moco["n"] == 6 and moco["floor_n"] == 5
-    assert moco["seeds_under_floor_mean"] == 1 and moco["verdict"] == ON_AVERAGE
+    assert moco["seeds_under_floor_mean"] == 1 and moco["verdict"] == NOT_EVERY_SEED
     assert record.loc["simclr", "verdict"] == BEATS and record.loc["byol", "verdict"] == NOT_SHOWN
     assert moco["run_settings"] == "m0" and moco["git_commit"] == "abc" and moco["processor"] == "AMD EPYC"
 
