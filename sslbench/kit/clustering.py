@@ -9,6 +9,8 @@
 - equipartition_labels: SeLa's initial labels, an exact random equipartition.
 - swav_sinkhorn:        SwAV's online codes (Caron et al., 2020): a few Sinkhorn
                         iterations on a batch (and queue), sums over ranks.
+- balanced_assignment:  those iterations on any non-negative weights: SwAV's on
+                        exp(cosine / epsilon), MSN's on its sharpened targets.
 
 SeLa's and SwAV's Sinkhorn solve the same problem: the plan Q [N, K] closest, in
 entropy-regularised transport, to the kernel exp(lam * score) (SwAV: score = the
@@ -47,6 +49,7 @@ __all__ = [
     "sinkhorn_labels",
     "equipartition_labels",
     "swav_sinkhorn",
+    "balanced_assignment",
     "pca_whiten",
     "uniform_over_clusters",
 ]
@@ -295,23 +298,39 @@ def equipartition_labels(n: int, k: int, generator: torch.Generator | None = Non
 @torch.no_grad()
 def swav_sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 3) -> torch.Tensor:
     """SwAV's codes (facebookresearch/swav main_swav.py distributed_sinkhorn) of scores [B, K]:
-    the cosines of B embeddings to K prototypes; returns codes [B, K] in float32, without gradient.
+    the cosines of B embeddings to K prototypes; returns codes [B, K] in float32, without gradient:
+    ``balanced_assignment`` of exp(scores / epsilon).
 
-    In the paper's K x B layout, Q = exp(scores / epsilon)^T is scaled to total mass 1, then
-    ``iterations`` times each prototype's row to 1/K and each sample's column to 1/B; finally
-    Q x B. Each code (a sample's column) therefore sums to exactly 1 and each prototype holds
-    about B/K of the codes' mass, closer to it with every iteration. Under torch.distributed the
-    ranks' rows together are one problem: the total and the per-prototype sums are all-reduced, B
-    counts every rank's rows (equal on every rank), and each rank gets its own rows' codes.
     No max is subtracted before exp, as in the official code: a per-sample shift would change what
     a finite number of iterations returns, and cosines in [-1, 1] keep exp(score / epsilon) and its
     sums inside float32 (at epsilon 0.05, e^20 times B K; at 0.02, e^50 times up to e^30 entries).
     """
     if scores.dim() != 2 or scores.shape[0] == 0 or scores.shape[1] == 0:
         raise ValueError(f"swav_sinkhorn needs scores [B, K] with B, K >= 1, got {tuple(scores.shape)}")
-    if not epsilon > 0 or iterations < 1:
-        raise ValueError(f"swav_sinkhorn needs epsilon > 0 and iterations >= 1, got {epsilon}, {iterations}")
-    q = torch.exp(scores.detach().float() / epsilon).T  # [K, B]
+    if not epsilon > 0:
+        raise ValueError(f"swav_sinkhorn needs epsilon > 0, got {epsilon}")
+    return balanced_assignment(torch.exp(scores.detach().float() / epsilon), iterations)
+
+
+@torch.no_grad()
+def balanced_assignment(weights: torch.Tensor, iterations: int = 3) -> torch.Tensor:
+    """A few Sinkhorn iterations on non-negative weights [B, K] (B samples, K prototypes), as SwAV's and
+    MSN's distributed_sinkhorn: returns [B, K] in float32, without gradient.
+
+    In the paper's K x B layout, Q = weights^T is scaled to total mass 1, then ``iterations`` times each
+    prototype's row to 1/K and each sample's column to 1/B; finally Q x B. Each sample's row of the result
+    therefore sums to exactly 1 and each prototype holds about B/K of the mass, closer to it with every
+    iteration. Under torch.distributed the ranks' rows together are one problem: the total and the
+    per-prototype sums are all-reduced, B counts every rank's rows (equal on every rank), and each rank
+    gets its own rows.
+    """
+    if weights.dim() != 2 or weights.shape[0] == 0 or weights.shape[1] == 0:
+        raise ValueError(
+            f"balanced_assignment needs weights [B, K] with B, K >= 1, got {tuple(weights.shape)}"
+        )
+    if iterations < 1:
+        raise ValueError(f"balanced_assignment needs iterations >= 1, got {iterations}")
+    q = weights.detach().float().T.clone()  # [K, B]
     num_prototypes, num_samples = q.shape[0], q.shape[1] * dist.world_size()
     q /= dist.all_reduce_sum(q.sum())
     for _ in range(iterations):

@@ -15,7 +15,7 @@ from torch import nn
 
 from sslbench.errors import ConfigError
 
-MOMENTUM_SCHEDULES = ("constant", "cosine")
+MOMENTUM_SCHEDULES = ("constant", "cosine", "linear")
 
 
 def check_momentum(params: dict) -> tuple[float, str]:
@@ -29,21 +29,24 @@ def check_momentum(params: dict) -> tuple[float, str]:
     if schedule not in MOMENTUM_SCHEDULES:
         raise ConfigError(
             f"config key `momentum_schedule` must be one of {list(MOMENTUM_SCHEDULES)} (constant: MoCo "
-            f"v1/v2; cosine from `momentum` to 1: BYOL, MoCo v3, DINO), got {schedule!r}"
+            f"v1/v2; cosine from `momentum` to 1: BYOL, MoCo v3, DINO; linear to 1: MSN), got {schedule!r}"
         )
     return float(base), schedule
 
 
 def momentum_at(base: float, schedule: str, step: int, total_steps: int) -> float:
     """tau after the optimiser step of 0-based index ``step`` of ``total_steps``: ``base``
-    (constant), or 1 - (1 - base)(cos(pi step / total) + 1) / 2 (cosine, step clamped to the
-    total), BYOL's target_ema and DINO's cosine_scheduler per step. MoCo v3 moves its target by
-    the same tau one step later, at the next forward: a one-step shift."""
+    (constant), 1 - (1 - base)(cos(pi step / total) + 1) / 2 (cosine, step clamped to the
+    total), BYOL's target_ema and DINO's cosine_scheduler per step, or base + (1 - base) step / total
+    (linear, clamped), MSN's momentum_scheduler. MoCo v3 moves its target by the same tau one step
+    later, at the next forward: a one-step shift."""
     if schedule == "constant":
         return base
+    progress = min(step, total_steps) / max(1, total_steps)
     if schedule == "cosine":
-        progress = min(step, total_steps) / max(1, total_steps)
         return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
+    if schedule == "linear":
+        return base + (1.0 - base) * progress
     raise ConfigError(f"unknown momentum_schedule {schedule!r}; known: {list(MOMENTUM_SCHEDULES)}")
 
 

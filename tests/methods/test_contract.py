@@ -226,12 +226,16 @@ def test_momentum_schedules_by_hand():
     assert cosine == pytest.approx([0.99, 0.995, 1.0, 1.0])  # tau_base, halfway, 1 at the end and after
     by_hand = 1 - 0.004 * (math.cos(math.pi / 100) + 1) / 2
     assert momentum_at(0.996, "cosine", 3, 300) == pytest.approx(by_hand, rel=1e-12)
+    linear = [
+        momentum_at(0.996, "linear", k, 100) for k in (0, 25, 100, 130)
+    ]  # MSN's: 1 at the end and after
+    assert linear == pytest.approx([0.996, 0.997, 1.0, 1.0], rel=1e-12)
 
 
 @pytest.mark.parametrize(
     "override, needle",
     [
-        ({"momentum_schedule": "linear"}, "momentum_schedule` must be one of"),
+        ({"momentum_schedule": "step"}, "momentum_schedule` must be one of"),
         ({"momentum": 1.5}, "momentum` (the momentum target's tau_base) must lie in [0, 1]"),
         ({"augment": {"preset": "simclr", "crops": [{"count": 1, "size": 1.0}]}}, "gives 1 view(s)"),
         ({"augment": {"crops": [{"count": 2, "size": 0.5}, {"count": 2}]}}, "the first 2 view(s) are"),

@@ -14,7 +14,7 @@ from support import METHODS_DIR, random_views, tiny_suite_config
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
-from sslbench.kit.clustering import sinkhorn, swav_sinkhorn
+from sslbench.kit.clustering import balanced_assignment, sinkhorn, swav_sinkhorn
 from sslbench.kit.losses import cross_view_cross_entropy
 from sslbench.kit.queue import KeyQueue
 from sslbench.plan.settings import resolve_method_config
@@ -84,6 +84,18 @@ def test_one_sample_is_spread_evenly_and_codes_carry_no_gradient():
 
 
 # --- the swapped prediction -----------------------------------------------------------------------
+
+
+def test_the_codes_are_the_balanced_assignment_of_the_exponentiated_scores_which_msn_shares():
+    scores = torch.rand(6, 4, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    weights = torch.exp(scores / 0.05)
+    torch.testing.assert_close(
+        swav_sinkhorn(scores, 0.05, 3), balanced_assignment(weights, 3), rtol=0, atol=0
+    )
+    before = weights.clone()
+    codes = balanced_assignment(weights, 1)
+    torch.testing.assert_close(weights, before, rtol=0, atol=0)  # the caller's weights are left as they were
+    torch.testing.assert_close(codes.sum(dim=1), torch.ones(6))
 
 
 def test_cross_view_cross_entropy_by_hand():
