@@ -134,6 +134,14 @@ FORMATS: dict[str, Format] = {
         wrapper="state_dict",
         note="the released files hold the backbone alone, extracted from a training checkpoint",
     ),
+    "msn": Format(
+        "facebookresearch/msn linear_eval.py load_pretrained (the 'target_encoder' entry, 'module.' removed)",
+        wrapper="target_encoder",
+        parts=("target_encoder", "encoder"),  # the momentum target (evaluated) or the online encoder
+        prefix="module.",
+        drop=("module.fc.",),  # the projection head (fc1, bn1, fc2, bn2, fc3); the prototypes are top-level
+        note="the encoder is deit.py's ViT, whose key names are timm's (cls_token, blocks.0.attn.qkv, norm)",
+    ),
     "torchvision": Format(
         "pytorch/vision torchvision/models/resnet.py", wrapper=None, drop=TORCHVISION_CLASSIFIER
     ),

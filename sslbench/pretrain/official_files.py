@@ -56,6 +56,16 @@ OFFICIAL_FIELDS: dict[str, Callable[[], dict]] = {
         "epoch": 350,
     },
     "ressl": lambda: {"epoch": 200, "optimizer": sgd_state(0.05)},
+    "msn": lambda: {  # save_checkpoint's entries beside the two encoders (prototypes scaled down)
+        "opt": {"state": {}, "param_groups": []},
+        "prototypes": torch.randn(64, 32),
+        "epoch": 800,
+        "loss": 2.5,
+        "batch_size": 64,
+        "world_size": 16,
+        "lr": 0.001,
+        "temperature": 0.1,
+    },
     "densecl": lambda: {"author": "DenseCL"},
     "instdisc": lambda: {
         "epoch": 200,
@@ -233,6 +243,13 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
         | {"module.queue": torch.randn(32, 16), "module.queue_ptr": torch.zeros(1, dtype=torch.long)}
     ),
     "densecl": lambda state, d: {},  # the released files are the extracted backbone
+    "msn": lambda state, d: (  # init_model's fc: Linear, BN, GELU, Linear, BN, GELU, Linear
+        linear("module.fc.fc1", 64, d)
+        | batch_norm("module.fc.bn1", 64)
+        | linear("module.fc.fc2", 64, 64)
+        | batch_norm("module.fc.bn2", 64)
+        | linear("module.fc.fc3", 32, 64)
+    ),
     "byol": lambda state, d: linear("fc", 1000, d),
     "torchvision": lambda state, d: linear("fc", 1000, d),
     "timm": lambda state, d: linear("fc", 1000, d),

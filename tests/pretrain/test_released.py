@@ -257,6 +257,50 @@ def test_ressl_model_entry_as_linear_eval_reads_it(tmp_path):
     assert_same_backbone(load_backbone(fresh(), backbone_state(path, "ressl"), path), model)
 
 
+def tiny_vit(seed: int = 0) -> torch.nn.Module:
+    """A timm ViT (deit.py's key names) with every parameter random, on 32-px inputs."""
+    torch.manual_seed(seed)
+    model = fresh_vit()
+    with torch.no_grad():
+        for value in model.state_dict().values():
+            value.normal_(0, 0.1)
+    return model.eval()
+
+
+def fresh_vit() -> torch.nn.Module:
+    args = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 48, "num_heads": 3, "num_classes": 0}
+    return timm.create_model("vit_tiny_patch16_224", **args)
+
+
+def test_msn_checkpoint_target_encoder_by_default_the_online_encoder_on_request(tmp_path):
+    target, online = tiny_vit(1), tiny_vit(2)
+    head = (
+        linear("module.fc.fc1", 64, 48)
+        | bn("module.fc.bn1", 64)
+        | linear("module.fc.fc2", 64, 64)
+        | bn("module.fc.bn2", 64)
+        | linear("module.fc.fc3", 32, 64)
+    )
+    path = tmp_path / "vits16_800ep.pth.tar"
+    torch.save(
+        {
+            "encoder": prefixed("module.", online.state_dict()) | head,
+            "target_encoder": prefixed("module.", target.state_dict()) | head,
+            "prototypes": torch.randn(100, 32),
+            "opt": {"state": {}, "param_groups": []},
+            "epoch": 800,
+            "lr": 0.001,
+        },
+        path,
+    )
+    assert "module.blocks.1.attn.qkv.weight" in torch.load(path)["target_encoder"]
+
+    assert_same_backbone(load_backbone(fresh_vit(), backbone_state(path, "msn"), path), target)
+    assert_same_backbone(
+        load_backbone(fresh_vit(), backbone_state(path, "msn", part="encoder"), path), online
+    )
+
+
 def test_densecl_extracted_backbone_file(tmp_path):
     model = (
         tiny()
