@@ -28,6 +28,7 @@ from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.kit.clustering import balanced_assignment
 from sslbench.kit.health import effective_usage, entropy
+from sslbench.kit.losses import me_max
 from sslbench.kit.method import Method, embed_crops
 from sslbench.kit.momentum import frozen_copy
 from sslbench.kit.vit import check_masked_vit, with_positions
@@ -76,9 +77,7 @@ def msn_loss(
     targets = torch.cat([targets] * views)
     loss = -(targets * torch.log(anchor_probs)).sum(dim=1).mean()
     if me_max_weight:
-        mean_probs = dist.gather_with_grad(anchor_probs).mean(dim=0)
-        me_max = (mean_probs * torch.log(mean_probs)).sum() + math.log(mean_probs.shape[0])
-        loss = loss + me_max_weight * me_max
+        loss = loss + me_max_weight * me_max(dist.gather_with_grad(anchor_probs))
     if ent_weight:
         loss = loss + ent_weight * -(anchor_probs * torch.log(anchor_probs)).sum(dim=1).mean()
     return loss

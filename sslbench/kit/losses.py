@@ -26,10 +26,13 @@ lose too much in bf16: a diagonal entry near 1 has a resolution of 2^-8):
 - mmcr:          the negative nuclear norm of the views' centroids (Yerxa et al., 2023).
 - instance_nce: InstDisc's (NPID) noise-contrastive estimation against a
               memory bank (Wu et al., 2018).
+- me_max:       MSN's mean-entropy maximisation (Assran et al., 2022): how far the batch's mean
+                assignment to K prototypes is from uniform.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -53,6 +56,7 @@ __all__ = [
     "negative_cosine",
     "instance_nce",
     "mmcr",
+    "me_max",
 ]
 
 
@@ -463,3 +467,12 @@ def mmcr(z: torch.Tensor, lmbda: float = 0.0) -> torch.Tensor:
         if lmbda:
             loss = loss + lmbda * torch.linalg.svdvals(z.transpose(1, 2)).sum() / z.shape[0]
         return loss
+
+
+def me_max(probs: torch.Tensor) -> torch.Tensor:
+    """MSN's me-max regulariser (losses.py): log K - H(p_mean), where p_mean is the mean of the assignments
+    ``probs`` [N, K] (rows of probabilities) over the batch; 0 when the batch uses every prototype equally,
+    log K when every row puts all its mass on one prototype. Under DDP the method gathers the rows first."""
+    _require_2d("probs", probs)
+    mean = probs.mean(dim=0)
+    return (mean * torch.log(mean)).sum() + math.log(probs.shape[1])

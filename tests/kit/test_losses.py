@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from sslbench.kit.losses import (
     PROTO_NCE_FORMS,
     info_nce,
+    me_max,
     proto_nce,
     relational,
     sample_negative_prototypes,
@@ -436,3 +437,13 @@ def test_proto_nce_rejects_bad_input():
         proto_nce(query, prototypes, torch.tensor([0, 1, 5]), torch.ones(5))
     with pytest.raises(ValueError, match="paper_eq10"):
         proto_nce(query, prototypes, torch.tensor([0, 1, 2]), torch.ones(5), form="eq10")
+
+
+def test_me_max_by_hand_zero_for_a_uniform_mean_assignment_and_log_k_at_collapse():
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.8, 0.1]])
+    mean = [0.3, 0.55, 0.15]
+    assert float(me_max(probs)) == pytest.approx(sum(m * math.log(m) for m in mean) + math.log(3), rel=1e-6)
+    spread = torch.eye(4) * 0.96 + 0.01  # each row sums to 1; their mean is uniform
+    assert float(me_max(spread)) == pytest.approx(0.0, abs=1e-6)
+    collapsed = torch.tensor([[1 - 3e-7, 1e-7, 1e-7, 1e-7]]).repeat(4, 1)  # every row on prototype 0
+    assert float(me_max(collapsed)) == pytest.approx(math.log(4), abs=1e-5)

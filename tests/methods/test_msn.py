@@ -1,8 +1,9 @@
-"""MSN (methods/msn): its loss and me-max by hand, sharpening, the anchor's dropped patches (the encoder does
-not see them, and with none dropped it is the evaluated network), the targets from the momentum encoder
-balanced by the kit's Sinkhorn, its parameter groups and its gradient clipping. The linear momentum schedule
-is pinned in tests/methods/test_contract.py, the Sinkhorn in tests/methods/test_swav.py;
-tests/methods/test_distributed.py runs MSN under 2 real gloo processes against one on the whole batch."""
+"""MSN (methods/msn): its loss by hand (me-max is pinned in tests/kit/test_losses.py), sharpening, the
+anchor's dropped patches (the encoder does not see them, and with none dropped it is the evaluated network),
+the targets from the momentum encoder balanced by the kit's Sinkhorn, its parameter groups and its gradient
+clipping. The linear momentum schedule is pinned in tests/methods/test_contract.py, the Sinkhorn in
+tests/methods/test_swav.py; tests/methods/test_distributed.py runs MSN under 2 real gloo processes against
+one on the whole batch."""
 
 import inspect
 import math
@@ -61,17 +62,6 @@ def test_the_loss_by_hand_cross_entropy_to_the_repeated_targets_plus_me_max():
     assert float(msn.msn_loss(probs, targets, 0.5, 2.0)) == pytest.approx(
         ce + 0.5 * me_max + 2 * entropy, rel=1e-6
     )
-
-
-def test_me_max_is_zero_for_a_uniform_mean_assignment_and_log_k_at_collapse():
-    targets = torch.full((2, 4), 0.25)  # me-max alone: the loss with it minus the loss without
-    spread = torch.eye(4) * 0.96 + 0.01  # each row sums to 1; their mean is uniform
-    assert float(
-        msn.msn_loss(spread, targets, 1.0, 0.0) - msn.msn_loss(spread, targets, 0.0, 0.0)
-    ) == pytest.approx(0.0, abs=1e-6)
-    collapsed = torch.tensor([[1 - 3e-7, 1e-7, 1e-7, 1e-7]]).repeat(4, 1)  # every anchor on prototype 0
-    me_max = float(msn.msn_loss(collapsed, targets, 1.0, 0.0) - msn.msn_loss(collapsed, targets, 0.0, 0.0))
-    assert me_max == pytest.approx(math.log(4), abs=1e-4)
 
 
 def test_sharpening_by_hand_and_its_limits():
