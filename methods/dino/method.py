@@ -24,44 +24,15 @@ import torch
 import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import nn
-from torch.nn.utils.parametrizations import weight_norm
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.kit.health import effective_usage, entropy
 from sslbench.kit.losses import cross_view_cross_entropy
-from sslbench.kit.method import Method, embed_crops, exclude_bias_and_norm
+from sslbench.kit.method import DINOHead, Method, embed_crops, exclude_bias_and_norm
 from sslbench.kit.momentum import frozen_copy
 
 CONFIG = "methods/dino/config.yaml"
-
-
-class DINOHead(nn.Module):
-    """vision_transformer.py DINOHead: Linear layers initialised trunc_normal(std 0.02) with zero
-    bias, GELU (and BatchNorm1d with use_bn), then L2-normalise and the weight-normalised last layer
-    (torch's default init; norms filled with 1 and frozen with norm_last_layer)."""
-
-    def __init__(self, in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, use_bn, norm_last_layer):
-        super().__init__()
-        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
-        layers: list[nn.Module] = []
-        for i, (d_in, d_out) in enumerate(zip(dims, dims[1:])):
-            layers.append(nn.Linear(d_in, d_out))
-            if i < num_layers - 1:
-                layers += [nn.BatchNorm1d(d_out), nn.GELU()] if use_bn else [nn.GELU()]
-        self.mlp = nn.Sequential(*layers)
-        for layer in self.mlp:
-            if isinstance(layer, nn.Linear):
-                nn.init.trunc_normal_(layer.weight, std=0.02)
-                nn.init.zeros_(layer.bias)
-        self.last_layer = weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
-        norms = self.last_layer.parametrizations.weight.original0  # g [out_dim, 1]; original1 is v
-        with torch.no_grad():
-            norms.fill_(1.0)
-        norms.requires_grad_(not norm_last_layer)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.last_layer(F.normalize(self.mlp(x), dim=-1))
 
 
 class DINO(Method):

@@ -42,7 +42,8 @@ sizes as fractions of the dataset's image side. ``training_loss`` gets the views
 ``num_views`` global views (at the dataset's size) first, then any local crops (only where
 ``multi_crop`` is True; how many is the config's, so count them in ``views``). ``embed_crops``
 runs a network over views of several sizes as one batch per size (SwAV's and DINO's multi-crop
-forward); ``embed_views`` embeds same-size views as one batch (SimCLR, SupCon).
+forward); ``embed_views`` embeds same-size views as one batch (SimCLR, SupCon). The heads several
+methods share are here too: ``projection_mlp``, ``bn_mlp`` and ``DINOHead`` (DINO's and iBOT's).
 
 Parameter groups (``param_groups``): dicts with ``params`` and any of ``lr_scale`` (the schedule's
 lr times it), ``fixed_lr`` (True: the group keeps ``train.lr`` x ``lr_scale``, the schedule never
@@ -59,7 +60,8 @@ method's config.yaml gives ``momentum`` (tau_base) and ``momentum_schedule``: ``
 v1/v2: tau = tau_base) or ``cosine`` (BYOL, MoCo v3, DINO: tau_k = 1 - (1 - tau_base)(cos(pi k / K)
 + 1) / 2, k the 0-based index of the step just taken, K the run's steps: tau_base after the first
 step, 1 - (1 - tau_base) pi^2 / (4 K^2) after the last, as BYOL's target_ema and DINO's
-cosine_scheduler; MoCo v3's code applies that tau at the next forward, one step later). The
+cosine_scheduler; MoCo v3's code applies that tau at the next forward, one step later) or ``linear``
+(MSN: tau_k = tau_base + (1 - tau_base) k / K). The
 engine applies ``target <- tau target + (1 - tau) online`` right after each optimiser step and
 logs the last tau of each epoch as ``target_momentum``. The target is the method's to build:
 ``sslbench.kit.momentum.frozen_copy`` copies the online modules (MoCo, MoCo v3, DINO); BYOL's official
@@ -79,6 +81,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
 
 
 @dataclass
@@ -293,3 +296,33 @@ def bn_mlp(
     if output_bn:
         layers.append(nn.BatchNorm1d(dims[-1], affine=False))
     return nn.Sequential(*layers)
+
+
+class DINOHead(nn.Module):
+    """DINO's head (facebookresearch/dino vision_transformer.py DINOHead), which iBOT shares: Linear layers
+    initialised trunc_normal(std 0.02) with zero bias, GELU (and BatchNorm1d with use_bn), then
+    L2-normalise and the weight-normalised last layer (torch's default init; norms filled with 1 and
+    frozen with norm_last_layer). It maps the last dimension: embeddings [N, D] or tokens [N, L, D]
+    (iBOT's patch tokens; without use_bn)."""
+
+    def __init__(self, in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, use_bn, norm_last_layer):
+        super().__init__()
+        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
+        layers: list[nn.Module] = []
+        for i, (d_in, d_out) in enumerate(zip(dims, dims[1:])):
+            layers.append(nn.Linear(d_in, d_out))
+            if i < num_layers - 1:
+                layers += [nn.BatchNorm1d(d_out), nn.GELU()] if use_bn else [nn.GELU()]
+        self.mlp = nn.Sequential(*layers)
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                nn.init.trunc_normal_(layer.weight, std=0.02)
+                nn.init.zeros_(layer.bias)
+        self.last_layer = weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
+        norms = self.last_layer.parametrizations.weight.original0  # g [out_dim, 1]; original1 is v
+        with torch.no_grad():
+            norms.fill_(1.0)
+        norms.requires_grad_(not norm_last_layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last_layer(F.normalize(self.mlp(x), dim=-1))
