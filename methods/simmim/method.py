@@ -24,7 +24,7 @@ from torch import nn
 
 from sslbench.errors import ConfigError
 from sslbench.kit.method import Method
-from sslbench.kit.vit import batch_draw, check_masked_vit, random_unit_mask, with_positions
+from sslbench.kit.vit import batch_draw, check_masked_vit, masked_tokens, random_unit_mask
 
 CONFIG = "methods/simmim/config.yaml"
 
@@ -69,11 +69,7 @@ class SimMIM(Method):
     def reconstruct(self, images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[N, C, H, W]: the decoder's pixels from the encoder's patch tokens, the masked patches' embeddings
         replaced by the mask token (mask [N, h, w], 1 = masked)."""
-        vit = self.backbone
-        x = vit.patch_embed(images)  # [N, L, D], or [N, h, w, D] where the ViT resamples its positions
-        w = mask.reshape(*x.shape[:-1], 1).to(x.dtype)  # the patches in row-major order either way
-        x = x * (1 - w) + self.mask_token.to(x.dtype) * w
-        z = vit.norm(vit.blocks(vit.norm_pre(with_positions(vit, x))))[:, 1:]
+        z = masked_tokens(self.backbone, images, mask, self.mask_token)[:, 1:]
         grid = z.transpose(1, 2).reshape(z.shape[0], z.shape[2], *self.grid)
         return self.decoder(grid)
 

@@ -1,12 +1,16 @@
-"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM) run it: the checks that it can be
-masked, its class token and position embeddings added to patch tokens, the random draw of a whole batch's
-masks, and SimMIM's mask of random units of patches.
+"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT) run it: the checks that it
+can be masked, its class token and position embeddings added to patch tokens, every token with masked
+patches replaced by a mask token (SimMIM, iBOT), the random draw of a whole batch's masks, SimMIM's mask of
+random units of patches and BEiT's block-wise mask (iBOT).
 
 The encoder trained is the backbone's own modules (patch_embed, the positions, norm_pre, blocks, norm), so
 that the network trained is the network evaluated.
 """
 
 from __future__ import annotations
+
+import math
+import random
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -60,6 +64,20 @@ def with_positions(vit: VisionTransformer, patches: torch.Tensor) -> torch.Tenso
     return vit._pos_embed(patches)
 
 
+def masked_tokens(
+    vit: VisionTransformer, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token=None
+) -> torch.Tensor:
+    """[N, 1 + L, D]: every token after the ViT's final norm, the class token first; where ``mask`` [N, h, w]
+    (1 = masked, row-major patches) is given, the masked patches' embeddings are replaced by ``mask_token``
+    [1, 1, D] before the class token and the positions are added (SimMIM's VisionTransformerForSimMIM,
+    iBOT's mask_model)."""
+    x = vit.patch_embed(images)  # [N, L, D], or [N, h, w, D] where the ViT resamples its positions
+    if mask is not None:
+        w = mask.reshape(*x.shape[:-1], 1).to(x.dtype)  # the patches in row-major order either way
+        x = x * (1 - w) + mask_token.to(x.dtype) * w
+    return vit.norm(vit.blocks(vit.norm_pre(with_positions(vit, x))))
+
+
 @torch.no_grad()
 def batch_draw(batch: int, length: int, device) -> torch.Tensor:
     """[batch, length] uniform noise for this rank's images: rank 0's draw for the whole batch, of which
@@ -85,3 +103,33 @@ def random_unit_mask(noise: torch.Tensor, count: int, grid: tuple[int, int], uni
     masked.scatter_(1, noise.argsort(dim=1)[:, :count], 1.0)
     units = masked.view(-1, rows, cols)
     return units.repeat_interleave(unit, dim=1).repeat_interleave(unit, dim=2)
+
+
+def block_mask(
+    h: int, w: int, count: float, log_aspect: tuple[float, float], rng: random.Random
+) -> torch.Tensor:
+    """BEiT's block-wise mask (microsoft/unilm beit/masking_generator.py), as iBOT's loader.py draws it: on an
+    h x w grid of patches, rectangles of area ~ U((min(h, w) // 3)^2, what is left) and aspect ratio
+    exp(U(log_aspect)), each strictly inside the grid, are masked until at least ``count`` patches are (or
+    ten tries in a row add none). Returns a bool [h, w], True = masked; ``rng`` draws every number."""
+    mask = torch.zeros(h, w, dtype=torch.bool)
+    masked = 0
+    while masked < count:
+        room, added = count - masked, 0
+        for _ in range(10):
+            area = rng.uniform((min(h, w) // 3) ** 2, room)
+            aspect = math.exp(rng.uniform(*log_aspect))
+            bh, bw = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
+            if bw < w and bh < h:
+                top, left = rng.randint(0, h - bh), rng.randint(0, w - bw)
+                block = mask[top : top + bh, left : left + bw]
+                new = bh * bw - int(block.sum())
+                if 0 < new <= room:
+                    block.fill_(True)
+                    added += new
+            if added > 0:
+                break
+        if added == 0:
+            break
+        masked += added
+    return mask
