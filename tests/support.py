@@ -33,6 +33,14 @@ TINY_VIT = {  # small_stem false: DenseCL's config sets it for its ResNet
 }
 
 
+# The masked-image methods' tests' ViT on the tiny suite's 8-px digits: patch 2, a 4 x 4 grid of 16 patches.
+VIT_P2 = {
+    "name": "vit_tiny_patch16_224",
+    "small_stem": False,
+    "args": {"patch_size": 2, "depth": 2, "num_heads": 3, "embed_dim": 48},
+}
+
+
 def tiny_vit(**kwargs):
     """TINY_VIT built for 16-px inputs (4 x 4 patches), without a classifier."""
     import timm

@@ -27,9 +27,9 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
-from sslbench.kit.health import effective_usage, entropy
+from sslbench.kit.health import distribution_health
 from sslbench.kit.losses import cross_view_cross_entropy
-from sslbench.kit.method import DINOHead, Method, embed_crops, exclude_bias_and_norm
+from sslbench.kit.method import DINOHead, Method, clip_each_gradient, embed_crops, exclude_bias_and_norm
 from sslbench.kit.momentum import frozen_copy
 
 CONFIG = "methods/dino/config.yaml"
@@ -106,15 +106,12 @@ class DINO(Method):
         entropy (log K when it collapses to uniform) and how many of its K outputs the images'
         argmaxes use (1 when it collapses to one)."""
 
-        def measure(x):
-            p = F.softmax((self.teacher(x).float() - self.center) / self.teacher_temp, dim=-1)
-            return torch.stack([entropy(p), p.argmax(dim=1).float()], dim=1)
-
-        out = forward_train_set(measure)
-        return {
-            "teacher_entropy": out[:, 0].mean().item(),
-            "teacher_usage": effective_usage(out[:, 1], self.center.shape[1]),
-        }
+        mean_entropy, usage = distribution_health(
+            forward_train_set,
+            lambda x: F.softmax((self.teacher(x).float() - self.center) / self.teacher_temp, dim=-1),
+            self.center.shape[1],
+        )
+        return {"teacher_entropy": mean_entropy, "teacher_usage": usage}
 
     def momentum_pairs(self):
         return [([self.backbone, self.head], self.teacher)]
@@ -124,10 +121,8 @@ class DINO(Method):
         ctx.log["teacher_temp"] = self.teacher_temp
 
     def on_before_step(self, ctx):
-        student = [p for m in (self.backbone, self.head) for p in m.parameters() if p.grad is not None]
         if self.clip_grad > 0:  # utils.clip_gradients: each tensor's own norm, not a global one
-            for p in student:
-                p.grad.mul_(torch.clamp(self.clip_grad / (p.grad.norm() + 1e-6), max=1.0))
+            clip_each_gradient([*self.backbone.parameters(), *self.head.parameters()], self.clip_grad)
         if ctx.epoch < self.freeze_last_layer:  # cancel_gradients_last_layer: no update, no decay
             for p in self.head.last_layer.parameters():
                 p.grad = None

@@ -31,9 +31,9 @@ from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
-from sslbench.kit.health import effective_usage, entropy
+from sslbench.kit.health import distribution_health
 from sslbench.kit.losses import cross_view_cross_entropy
-from sslbench.kit.method import DINOHead, Method, embed_crops, exclude_bias_and_norm
+from sslbench.kit.method import DINOHead, Method, clip_each_gradient, embed_crops, exclude_bias_and_norm
 from sslbench.kit.momentum import frozen_copy
 from sslbench.kit.vit import block_mask, check_masked_vit, masked_tokens
 
@@ -188,15 +188,12 @@ class IBOT(Method):
         """The teacher's centred, sharpened class-token output on the train split (the monitors'): its mean
         entropy and how many of its K outputs the images' argmaxes use."""
 
-        def measure(x):
-            p = F.softmax((self.teacher(x).float() - self.center) / self.temps[0], dim=-1)
-            return torch.stack([entropy(p), p.argmax(dim=1).float()], dim=1)
-
-        out = forward_train_set(measure)
-        return {
-            "teacher_entropy": out[:, 0].mean().item(),
-            "teacher_usage": effective_usage(out[:, 1], self.center.shape[1]),
-        }
+        mean_entropy, usage = distribution_health(
+            forward_train_set,
+            lambda x: F.softmax((self.teacher(x).float() - self.center) / self.temps[0], dim=-1),
+            self.center.shape[1],
+        )
+        return {"teacher_entropy": mean_entropy, "teacher_usage": usage}
 
     def momentum_pairs(self):
         return [([self.backbone, self.head], self.teacher)]
@@ -206,10 +203,8 @@ class IBOT(Method):
         ctx.log["teacher_temp"], ctx.log["teacher_patch_temp"] = self.temps
 
     def on_before_step(self, ctx):
-        student = [p for p in self.parameters() if p.grad is not None]
         if self.clip_grad > 0:  # utils.clip_gradients: each tensor's own norm, not a global one
-            for p in student:
-                p.grad.mul_(torch.clamp(self.clip_grad / (p.grad.norm() + 1e-6), max=1.0))
+            clip_each_gradient(self.parameters(), self.clip_grad)
         if ctx.epoch < self.freeze_last_layer:  # cancel_gradients_last_layer: no update, no decay
             for p in self.head.last_layer.parameters():
                 p.grad = None

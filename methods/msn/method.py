@@ -27,7 +27,7 @@ from torch import nn
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.kit.clustering import balanced_assignment
-from sslbench.kit.health import effective_usage, entropy
+from sslbench.kit.health import distribution_health
 from sslbench.kit.losses import me_max
 from sslbench.kit.method import Method, embed_crops
 from sslbench.kit.momentum import frozen_copy
@@ -162,12 +162,9 @@ class MSN(Method):
         when they collapse to uniform) and how many of the K prototypes the images' argmaxes use (the
         official log's `np`, 1 when every image goes to one)."""
 
-        def measure(x):
-            q = sharpen(self.assign(self.target(x)), self.sharpen_temperature)
-            return torch.stack([entropy(q), q.argmax(dim=1).float()], dim=1)
-
-        out = forward_train_set(measure)
-        return {
-            "target_entropy": out[:, 0].mean().item(),
-            "prototype_usage": effective_usage(out[:, 1], self.prototypes.shape[0]),
-        }
+        mean_entropy, usage = distribution_health(
+            forward_train_set,
+            lambda x: sharpen(self.assign(self.target(x)), self.sharpen_temperature),
+            self.prototypes.shape[0],
+        )
+        return {"target_entropy": mean_entropy, "prototype_usage": usage}

@@ -6,6 +6,7 @@ log K; one that sends every image to the same output uses one of K."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -21,3 +22,18 @@ def effective_usage(assignments: torch.Tensor, size: int) -> float:
     of the entropy of their histogram, 1 when all fall on one output, k when they spread evenly over k."""
     counts = torch.bincount(assignments.long().flatten(), minlength=size).double()
     return math.exp(float(entropy((counts / counts.sum()).unsqueeze(0))[0]))
+
+
+def distribution_health(
+    forward_train_set: Callable, probabilities: Callable[[torch.Tensor], torch.Tensor], size: int
+) -> tuple[float, float]:
+    """(mean entropy, effective usage of the ``size`` outputs) of the distributions [N, size] that
+    ``probabilities`` gives for the train split's images: a teacher's sharpened output, a target's
+    assignment to prototypes. ``forward_train_set`` is the monitors' (``Method.health``)."""
+
+    def measure(x):
+        p = probabilities(x)
+        return torch.stack([entropy(p), p.argmax(dim=1).float()], dim=1)
+
+    out = forward_train_set(measure)
+    return out[:, 0].mean().item(), effective_usage(out[:, 1], size)

@@ -75,7 +75,7 @@ per epoch by the engine (draw from torch's global RNG, never keep a generator).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -237,6 +237,15 @@ def exclude_bias_and_norm(module: nn.Module, **excluded_options) -> list[dict]:
             **excluded_options,
         },
     ]
+
+
+@torch.no_grad()
+def clip_each_gradient(params: Iterable[torch.Tensor], max_norm: float) -> None:
+    """DINO's utils.clip_gradients (iBOT's too): each gradient tensor scaled to norm at most ``max_norm`` on
+    its own, not by a global norm (the 1e-6 as theirs). Parameters without a gradient are skipped."""
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(torch.clamp(max_norm / (p.grad.norm() + 1e-6), max=1.0))
 
 
 def embed_views(backbone: nn.Module, projector: nn.Module, views: list[torch.Tensor]) -> torch.Tensor:

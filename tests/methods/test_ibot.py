@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, random_views
+from support import METHODS_DIR, VIT_P2, random_views
 
 from sslbench.errors import ConfigError
 from sslbench.kit.method import EpochContext
@@ -21,19 +21,15 @@ ibot = inspect.getmodule(load_method_class(METHODS_DIR / "ibot"))
 
 BATCH = 8
 OUT = 32
-# A tiny ViT on the tiny suite's 8-px digits: patch 2, a 4 x 4 grid of 16 patches.
-VIT_P2 = {
-    "name": "vit_tiny_patch16_224",
-    "small_stem": False,
-    "args": {"patch_size": 2, "depth": 2, "num_heads": 3, "embed_dim": 48, "dynamic_img_pad": True},
-}
+# padded: random_views' 3-px local crops are no multiple of the 2-px patch
+VIT_PADDED = {**VIT_P2, "args": {**VIT_P2["args"], "dynamic_img_pad": True}}
 
 
 @pytest.fixture
 def vit(build):
     def make(**overrides):
         small = {"out_dim": OUT, "hidden_dim": 24, "bottleneck_dim": 12}
-        return build("ibot", 0, backbone=VIT_P2, **{**small, **overrides})
+        return build("ibot", 0, backbone=VIT_PADDED, **{**small, **overrides})
 
     return make
 

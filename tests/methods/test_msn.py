@@ -11,20 +11,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR
+from support import METHODS_DIR, VIT_P2
 
 from sslbench.errors import ConfigError
 from sslbench.kit.clustering import balanced_assignment
 from sslbench.plugins import load_method_class
 
 msn = inspect.getmodule(load_method_class(METHODS_DIR / "msn"))
-
-# A tiny ViT on the tiny suite's 8-px digits: patch 2, a 4 x 4 grid of 16 patches.
-VIT_P2 = {
-    "name": "vit_tiny_patch16_224",
-    "small_stem": False,
-    "args": {"patch_size": 2, "depth": 2, "num_heads": 3, "embed_dim": 48},
-}
 
 
 @pytest.fixture

@@ -8,19 +8,12 @@ import inspect
 
 import pytest
 import torch
-from support import METHODS_DIR
+from support import METHODS_DIR, VIT_P2
 
 from sslbench.kit.vit import random_unit_mask
 from sslbench.plugins import load_method_class
 
 simmim = inspect.getmodule(load_method_class(METHODS_DIR / "simmim"))
-
-# A tiny ViT on the tiny suite's 8-px digits: patch 2, a 4 x 4 grid of 16 patches.
-VIT_P2 = {
-    "name": "vit_tiny_patch16_224",
-    "small_stem": False,
-    "args": {"patch_size": 2, "depth": 2, "num_heads": 3, "embed_dim": 48},
-}
 
 
 @pytest.fixture
