@@ -28,6 +28,11 @@ lose too much in bf16: a diagonal entry near 1 has a resolution of 2^-8):
               memory bank (Wu et al., 2018).
 - me_max:       MSN's mean-entropy maximisation (Assran et al., 2022): how far the batch's mean
                 assignment to K prototypes is from uniform.
+- centre_prediction: LeJEPA's prediction loss (Balestriero & LeCun, 2025): every view's embedding
+                regressed on the centre of the global views' (VISReg's too).
+- epps_pulley, sigreg: LeJEPA's SIGReg: the Epps-Pulley statistic of the embeddings' projections on
+                random unit directions (random_directions) against a standard normal.
+- visreg_terms: VISReg's centre, scale and sliced-Wasserstein shape terms (Wu, Balestriero, Levine, 2026).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from sslbench import distributed as dist
 
 __all__ = [
     "info_nce",
@@ -57,6 +64,11 @@ __all__ = [
     "instance_nce",
     "mmcr",
     "me_max",
+    "centre_prediction",
+    "random_directions",
+    "epps_pulley",
+    "sigreg",
+    "visreg_terms",
 ]
 
 
@@ -476,3 +488,85 @@ def me_max(probs: torch.Tensor) -> torch.Tensor:
     _require_2d("probs", probs)
     mean = probs.mean(dim=0)
     return (mean * torch.log(mean)).sum() + math.log(probs.shape[1])
+
+
+def centre_prediction(z: torch.Tensor, num_global: int) -> torch.Tensor:
+    """LeJEPA's prediction loss on the embeddings z [V, N, K] of V views (the first ``num_global`` the global
+    ones) of N images: every view, global and local, predicts the centre mu = mean of the global views, the
+    mean over views, images and dimensions of (mu - z_v)^2. A mean over the images: under DDP each rank's
+    own, which DDP's gradient average makes the batch's."""
+    if z.ndim != 3 or not 1 <= num_global <= z.shape[0]:
+        raise ValueError(f"z must be [V, N, K] with 1 <= num_global <= V, got {tuple(z.shape)}, {num_global}")
+    return (z[:num_global].mean(dim=0) - z).square().mean()
+
+
+@torch.no_grad()
+def random_directions(dim: int, count: int, device=None) -> torch.Tensor:
+    """[dim, count] unit columns, uniform on the sphere, from torch's global random stream (the engine seeds
+    it per epoch); under DDP rank 0's draw on every rank, so that every rank slices alike."""
+    return dist.broadcast(F.normalize(torch.randn(dim, count, device=device), dim=0))
+
+
+def epps_pulley(x: torch.Tensor, t_max: float = 3.0, knots: int = 17) -> torch.Tensor:
+    """The Epps-Pulley statistic of each column of ``x`` [N, S] (N samples of S univariate variables) against
+    N(0, 1), as lejepa's univariate/epps_pulley.py computes it:
+
+        T = N * integral over [-t_max, t_max] of |phi_N(t) - exp(-t^2 / 2)|^2 exp(-t^2 / 2) dt
+
+    with phi_N(t) = mean_n exp(i t x_n) the empirical characteristic function. The integrand is even, so
+    the trapezoid rule runs on ``knots`` equally spaced points of [0, t_max] with its weights doubled.
+    Returns [S]. In float32 at least (cosines of bf16 arguments lose the statistic)."""
+    _require_2d("x", x)
+    _require_positive("t_max", t_max)
+    if knots < 2:
+        raise ValueError(f"knots must be at least 2, got {knots}")
+    with torch.autocast(x.device.type, enabled=False):
+        x = full_precision(x)
+        t = torch.linspace(0, t_max, knots, dtype=x.dtype, device=x.device)
+        window = torch.exp(-t.square() / 2)  # both N(0, 1)'s characteristic function and the weight
+        weights = torch.full_like(t, 2 * t_max / (knots - 1))
+        weights[[0, -1]] /= 2
+        xt = x.unsqueeze(-1) * t  # [N, S, knots]
+        error = (xt.cos().mean(0) - window).square() + xt.sin().mean(0).square()
+        return (error @ (weights * window)) * x.shape[0]
+
+
+def sigreg(z: torch.Tensor, directions: torch.Tensor, t_max: float = 3.0, knots: int = 17) -> torch.Tensor:
+    """LeJEPA's SIGReg of embeddings z [N, D] (the whole batch; under DDP the method gathers it): the mean
+    over the unit columns of ``directions`` [D, S] of the Epps-Pulley statistic of z's projection on each. 0
+    only where every projection's empirical characteristic function is N(0, 1)'s on the grid."""
+    _require_2d("z", z)
+    if directions.ndim != 2 or directions.shape[0] != z.shape[1]:
+        raise ValueError(f"directions must be [{z.shape[1]}, S] for z of shape {tuple(z.shape)}")
+    with torch.autocast(z.device.type, enabled=False):
+        z = full_precision(z)
+        return epps_pulley(z @ directions.to(z.dtype), t_max, knots).mean()
+
+
+def visreg_terms(
+    z: torch.Tensor, directions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """VISReg's three regularisers of embeddings z [N, D] (the whole batch; under DDP the method gathers it),
+    with mu_d and s_d each dimension's batch mean and standard deviation (biased, + 1e-6):
+
+        centre = mean_d mu_d^2
+        scale  = mean_d (s_d - 1)^2                  # its gradient stays -2 as the embeddings collapse
+        shape  = mean over i, j of (sort_i(x_j) - q_i)^2,  x_j = ((z - mu) / sg(s)) a_j
+
+    the shape term the squared 2-Wasserstein distance of each projection on a unit column a_j of
+    ``directions`` [D, S] to N(0, 1), through its sorted values against the normal quantiles q_i at
+    i / (N + 1), i = 1..N; the stop-gradient on s leaves the scale to the scale term. In float32 at least."""
+    _require_2d("z", z)
+    if directions.ndim != 2 or directions.shape[0] != z.shape[1]:
+        raise ValueError(f"directions must be [{z.shape[1]}, S] for z of shape {tuple(z.shape)}")
+    with torch.autocast(z.device.type, enabled=False):
+        z = full_precision(z)
+        n = z.shape[0]
+        mean = z.mean(dim=0)
+        centred = z - mean
+        std = centred.norm(dim=0) / math.sqrt(n) + 1e-6
+        projections = (centred / std.detach()) @ directions.to(z.dtype)
+        levels = torch.arange(1, n + 1, dtype=z.dtype, device=z.device) / (n + 1)
+        quantiles = math.sqrt(2) * torch.erfinv(2 * levels - 1)
+        shape = (projections.sort(dim=0).values - quantiles[:, None]).square().mean()
+        return mean.square().mean(), (std - 1).square().mean(), shape
