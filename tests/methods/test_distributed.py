@@ -66,8 +66,8 @@ FOLDERS = contract_folders()  # every method folder and the test method that use
 # MAE's, SimMIM's, MSN's and iBOT's attention key biases have no gradient (softmax ignores a constant per
 # query): only round-off, ~1e-10, which differs between 1 and 2 processes. Adam's and AdamW's first step is
 # about g / (|g| + eps) x lr, so that round-off moves them by up to 1 % of the lr in either direction, and
-# any entry whose gradient is near 0 by up to the lr (W-MSE's and MMCR's Adam). The gradients are compared
-# (they agree); the step is SGD's, which moves them by lr x round-off.
+# any entry whose gradient is near 0 by up to the lr (W-MSE's and MMCR's Adam, VISReg's AdamW). The gradients
+# are compared (they agree); the step is SGD's, which moves them by lr x round-off.
 SGD_STEP = {"train": {"optimizer": "sgd", "lr": 0.01}}
 # W-MSE whitens 64-d embeddings in sub-batches of 128, over this test's global batch of 32: 8-d ones in two
 # sub-batches of 16 here, so that which rows share a sub-batch (rank 0's draw) matters.
@@ -77,6 +77,7 @@ OWN_SETTINGS = {
     "msn": SGD_STEP,
     "ibot": SGD_STEP,
     "mmcr": SGD_STEP,
+    "visreg": SGD_STEP,
     "wmse": {"proj_dim": 8, "w_size": 16, **SGD_STEP},
 }
 CASES = {method: (method, OWN_SETTINGS.get(method, {})) for method in FOLDERS} | {
