@@ -61,7 +61,7 @@ figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:.85em;color:#555}.note{font-size:.85em;color:#555}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.8em}
 details{margin:.5em 0}summary{cursor:pointer}
-table.matrix td,table.matrix th{padding:.1em .2em;font-size:.72em}
+table.matrix td,table.matrix th{padding:.1em .1em;font-size:.72em}
 table.matrix th.col{writing-mode:vertical-rl;transform:rotate(180deg);text-align:left;vertical-align:bottom}
 table.matrix td.better{background:#d9f0d3}table.matrix td.worse{background:#fbe0dc}
 table.matrix td.better.resolved{background:#1b7837;color:#fff;font-weight:bold}

@@ -333,13 +333,16 @@ ABLATION_RUNS = {
     "ablation_pcl_phi_imagenet": 2,
     "ablation_sela_imagenet": 6,
     "ablation_supcon_ce_imagenet": 13,  # SupCon's lr 0.03 is the imagenet preset's: its base run
+    "ablation_lejepa": 9,  # 6 lambdas, 2 view counts beside the base's 6 local views, and the floor
 }
+# What each header layers it over (the seed papers' CPU ablations: the 30-epoch default)
+ABLATION_BASES = {"ablation_lejepa": []}
 
 
 @pytest.mark.parametrize("name", sorted(ABLATION_RUNS))
 def test_every_ablation_preset_plans_the_runs_its_header_says(name):
-    base = "imagenet" if name.endswith("_imagenet") else "digits_30ep"  # what its header layers it over
-    presets = [REPO / "config" / f"{base}.yaml"]
+    base = ["imagenet"] if name.endswith("_imagenet") else ABLATION_BASES.get(name, ["digits_30ep"])
+    presets = [REPO / "config" / f"{b}.yaml" for b in base]
     cfg = load_config(REPO / "config", [*presets, REPO / "config" / f"{name}.yaml"])
     runs = resolve_runs(cfg, METHODS_DIR, cfg["methods"])
     assert len(runs) == ABLATION_RUNS[name]

@@ -1178,7 +1178,7 @@ document.body.setAttribute("data-measured", JSON.stringify({width: window.innerW
 
 
 def test_matrices_fit_the_window_at_full_size(wide, tmp_path):
-    """With every method folder and 7 sweeps (34 labels), every methods × methods matrix, headline and
+    """With every method folder and 7 sweeps (36 labels), every methods × methods matrix, headline and
     methods × targets table fits a 1400-pixel window without scrolling, in type no smaller than 10 px
     (vertical column heads)."""
     copy = tmp_path / "measured.html"
