@@ -158,14 +158,20 @@ def random_views(seed: int = 0, n: int = 16, local: int = 0) -> list[torch.Tenso
     ]
 
 
-def fixed_batch_losses(trainer, steps: int, labelled: bool, size: int = 64) -> list[float]:
-    """Losses of ``steps`` optimiser steps on one fixed batch with fixed views: training must lower them."""
+def fixed_batch_losses(
+    trainer, steps: int, labelled: bool, size: int = 64, reseed: int | None = None
+) -> list[float]:
+    """Losses of ``steps`` optimiser steps on one fixed batch with fixed views: training must lower them.
+    ``reseed``: the global RNG seeded with it before every step, so that what a loss draws inside (SIGReg's
+    and VISReg's directions) is the same at every step and only the training moves the loss."""
     idx = torch.arange(size)
     g = torch.Generator().manual_seed(0)
     views = trainer.make_views(trainer.data.train.images[idx], g)
     labels = trainer.labels[idx] if labelled else None
     losses = []
     for _ in range(steps):
+        if reseed is not None:
+            torch.manual_seed(reseed)
         loss = trainer.method.training_loss(views, labels, idx)
         trainer.optimizer.zero_grad()
         loss.backward()

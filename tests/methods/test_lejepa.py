@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from support import METHODS_DIR, mlp_layout
+from support import METHODS_DIR, fixed_batch_losses, mlp_layout
 from torch import nn
 
 from sslbench.kit.losses import centre_prediction, epps_pulley, random_directions, sigreg
@@ -166,14 +166,5 @@ def test_centre_prediction_by_hand():
 
 
 def test_training_lowers_the_loss_on_a_fixed_batch(trainer):
-    idx = torch.arange(64)
-    views = trainer.make_views(trainer.data.train.images[idx], torch.Generator().manual_seed(0))
-    losses = []
-    for _ in range(15):
-        torch.manual_seed(0)  # the same directions at every step: the loss alone moves
-        loss = trainer.method.training_loss(views, None, idx)
-        trainer.optimizer.zero_grad()
-        loss.backward()
-        trainer.optimizer.step()
-        losses.append(loss.item())
+    losses = fixed_batch_losses(trainer, steps=15, labelled=False, reseed=0)  # the same directions every step
     assert losses[-1] < 0.7 * losses[0], losses
