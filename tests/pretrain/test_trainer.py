@@ -80,7 +80,12 @@ def live_state(method) -> dict:
 
 @pytest.mark.parametrize(
     "method,overrides",
-    [("simclr", {}), ("pcl", {"warmup_epochs": 0, "queue_size": 128})],  # PCL: E-steps in both epochs
+    [
+        ("simclr", {}),
+        ("pcl", {"warmup_epochs": 0, "queue_size": 128}),  # PCL: E-steps in both epochs
+        ("lejepa", {"num_slices": 16}),  # random directions drawn inside every step's loss
+        ("visreg", {"num_slices": 16}),
+    ],
 )
 def test_fit_resumes_a_killed_run_rather_than_retraining_it(tmp_path, method_config, method, overrides):
     """Training re-seeds every epoch, so a retrain ends where a resume does: what only a resume keeps is
