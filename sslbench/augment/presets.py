@@ -203,9 +203,9 @@ VIEW_PRESETS: dict[str, ViewConfig] = {
 
 # BYOL's view 2: view 1 with blur p 0.1 and solarisation p 0.2 (see the comment above byol_view1)
 VIEW_PRESETS["byol_view2"] = dataclasses.replace(VIEW_PRESETS["byol_view1"], blur_p=0.1, solarise_p=0.2)
-# LeJEPA's views (rbalestr-lab/lejepa README.md, "Data augmentation and views"), global and local alike: BYOL's
-# jitter, grey and flip with blur p 0.5 and solarisation p 0.2 at 128; the global crops' scale (0.3, 1) (the
-# local crops set their own (0.05, 0.3))
+# LeJEPA's views (rbalestr-lab/lejepa README.md, "Data augmentation and views"), global and local alike:
+# BYOL's jitter, grey and flip with blur p 0.5 and solarisation p 0.2 at 128; the global crops' scale (0.3, 1)
+# (the local crops set their own (0.05, 0.3))
 VIEW_PRESETS["lejepa"] = dataclasses.replace(
     VIEW_PRESETS["byol_view1"], crop_scale=(0.3, 1.0), blur_p=0.5, solarise_p=0.2
 )
