@@ -40,7 +40,9 @@ class VISReg(Method):
         self.projector = bn_mlp([self.feature_dim, *p["projector"]], hidden_bias=True, output_bias=True)
         self.lamb = float(p["lamb"])
         if not 0 <= self.lamb <= 1:
-            raise ConfigError(f"{CONFIG}: lamb weighs the regularisers against the prediction, in [0, 1]")
+            raise ConfigError(
+                f"{CONFIG}: lamb weighs the regularisers against the prediction, in [0, 1]; got {self.lamb}"
+            )
         self.num_slices, self.clip_grad = int(p["num_slices"]), float(p["clip_grad"])
 
     def training_loss(self, views, labels, indices):

@@ -77,6 +77,13 @@ def _require_2d(name: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{name} must be a 2-D tensor [N, D], got shape {tuple(tensor.shape)}")
 
 
+def _require_directions(z: torch.Tensor, directions: torch.Tensor) -> None:
+    """z [N, D] and unit columns ``directions`` [D, S] to project it on (SIGReg's and VISReg's slices)."""
+    _require_2d("z", z)
+    if directions.ndim != 2 or directions.shape[0] != z.shape[1]:
+        raise ValueError(f"directions must be [{z.shape[1]}, S] for z of shape {tuple(z.shape)}")
+
+
 def _require_positive(name: str, value: float) -> None:
     if not value > 0:
         raise ValueError(f"{name} must be > 0, got {value}")
@@ -535,9 +542,7 @@ def sigreg(z: torch.Tensor, directions: torch.Tensor, t_max: float = 3.0, knots:
     """LeJEPA's SIGReg of embeddings z [N, D] (the whole batch; under DDP the method gathers it): the mean
     over the unit columns of ``directions`` [D, S] of the Epps-Pulley statistic of z's projection on each. 0
     only where every projection's empirical characteristic function is N(0, 1)'s on the grid."""
-    _require_2d("z", z)
-    if directions.ndim != 2 or directions.shape[0] != z.shape[1]:
-        raise ValueError(f"directions must be [{z.shape[1]}, S] for z of shape {tuple(z.shape)}")
+    _require_directions(z, directions)
     with torch.autocast(z.device.type, enabled=False):
         z = full_precision(z)
         return epps_pulley(z @ directions.to(z.dtype), t_max, knots).mean()
@@ -556,9 +561,7 @@ def visreg_terms(
     the shape term the squared 2-Wasserstein distance of each projection on a unit column a_j of
     ``directions`` [D, S] to N(0, 1), through its sorted values against the normal quantiles q_i at
     i / (N + 1), i = 1..N; the stop-gradient on s leaves the scale to the scale term. In float32 at least."""
-    _require_2d("z", z)
-    if directions.ndim != 2 or directions.shape[0] != z.shape[1]:
-        raise ValueError(f"directions must be [{z.shape[1]}, S] for z of shape {tuple(z.shape)}")
+    _require_directions(z, directions)
     with torch.autocast(z.device.type, enabled=False):
         z = full_precision(z)
         n = z.shape[0]
