@@ -57,6 +57,7 @@ from sslbench.backbones import PIXELS, backbone_from_config, is_vit
 from sslbench.data.containers import Dataset
 from sslbench.distributed import select_device
 from sslbench.kit.headlayer import out_features
+from sslbench.kit.vit import vit_layer_id
 from sslbench.optim import make_optimizer
 
 from .common import (
@@ -166,16 +167,6 @@ def new_head(dim: int, num_classes: int, std: float, generator: torch.Generator)
 # --- layer-wise lr decay -----------------------------------------------------------------------
 
 
-def layer_id(name: str, num_layers: int) -> int:
-    """The layer of a ViT parameter (util/lr_decay.py get_layer_id_for_vit): 0 for the embeddings,
-    i + 1 for block i, ``num_layers`` (blocks + 1) for what follows the blocks."""
-    if name in ("cls_token", "pos_embed") or name.startswith("patch_embed"):
-        return 0
-    if name.startswith("blocks."):
-        return int(name.split(".")[1]) + 1
-    return num_layers
-
-
 def layer_decay_groups(
     backbone: nn.Module, head: nn.Module, weight_decay: float, layer_decay: float
 ) -> list[dict]:
@@ -192,7 +183,7 @@ def layer_decay_groups(
     for name, param, in_backbone in named:
         if not param.requires_grad:
             continue
-        layer = layer_id(name, num_layers) if vit and in_backbone else num_layers
+        layer = vit_layer_id(name, num_layers - 1) if vit and in_backbone else num_layers
         decay = not (param.ndim == 1 or (in_backbone and name in no_decay))
         group = groups.setdefault(
             (layer, decay),

@@ -39,6 +39,8 @@ VIT_P2 = {
     "small_stem": False,
     "args": {"patch_size": 2, "depth": 2, "num_heads": 3, "embed_dim": 48},
 }
+# padded: random_views' 3-px local crops are no multiple of the 2-px patch (multi-crop methods: iBOT, DINOv2)
+VIT_P2_PADDED = {**VIT_P2, "args": {**VIT_P2["args"], "dynamic_img_pad": True}}
 
 
 def tiny_vit(**kwargs):

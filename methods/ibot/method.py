@@ -32,24 +32,12 @@ from torch import nn
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.kit.health import distribution_health
-from sslbench.kit.losses import cross_view_cross_entropy
+from sslbench.kit.losses import cross_view_cross_entropy, masked_patch_cross_entropy
 from sslbench.kit.method import DINOHead, Method, clip_each_gradient, embed_crops, exclude_bias_and_norm
 from sslbench.kit.momentum import frozen_copy
 from sslbench.kit.vit import block_mask, check_masked_vit, masked_tokens
 
 CONFIG = "methods/ibot/config.yaml"
-
-
-def masked_patch_cross_entropy(
-    teacher_probs: torch.Tensor, student_logits: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """iBOTLoss's patch term for one view: the cross-entropy of each patch's student distribution (logits
-    [N, L, K], already over the student temperature) to the teacher's (probabilities [N, L, K]), averaged
-    over each image's masked patches (mask [N, L], 1 = masked; an image with none counts 0), then over the
-    images."""
-    per_patch = torch.sum(-teacher_probs * F.log_softmax(student_logits, dim=-1), dim=-1)
-    mask = mask.float()
-    return (torch.sum(per_patch * mask, dim=-1) / mask.sum(dim=-1).clamp(min=1.0)).mean()
 
 
 class IBOT(Method):

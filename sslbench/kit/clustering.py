@@ -313,7 +313,9 @@ def swav_sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, iterations: int =
 
 
 @torch.no_grad()
-def balanced_assignment(weights: torch.Tensor, iterations: int = 3) -> torch.Tensor:
+def balanced_assignment(
+    weights: torch.Tensor, iterations: int = 3, num_samples: int | None = None
+) -> torch.Tensor:
     """A few Sinkhorn iterations on non-negative weights [B, K] (B samples, K prototypes), as SwAV's and
     MSN's distributed_sinkhorn: returns [B, K] in float32, without gradient.
 
@@ -321,8 +323,9 @@ def balanced_assignment(weights: torch.Tensor, iterations: int = 3) -> torch.Ten
     prototype's row to 1/K and each sample's column to 1/B; finally Q x B. Each sample's row of the result
     therefore sums to exactly 1 and each prototype holds about B/K of the mass, closer to it with every
     iteration. Under torch.distributed the ranks' rows together are one problem: the total and the
-    per-prototype sums are all-reduced, B counts every rank's rows (equal on every rank), and each rank
-    gets its own rows.
+    per-prototype sums are all-reduced, B counts every rank's rows (by default B/world on every rank;
+    ``num_samples`` gives the total where the ranks hold different numbers, as DINOv2's masked patches), and
+    each rank gets its own rows.
     """
     if weights.dim() != 2 or weights.shape[0] == 0 or weights.shape[1] == 0:
         raise ValueError(
@@ -331,7 +334,9 @@ def balanced_assignment(weights: torch.Tensor, iterations: int = 3) -> torch.Ten
     if iterations < 1:
         raise ValueError(f"balanced_assignment needs iterations >= 1, got {iterations}")
     q = weights.detach().float().T.clone()  # [K, B]
-    num_prototypes, num_samples = q.shape[0], q.shape[1] * dist.world_size()
+    num_prototypes = q.shape[0]
+    if num_samples is None:
+        num_samples = q.shape[1] * dist.world_size()
     q /= dist.all_reduce_sum(q.sum())
     for _ in range(iterations):
         q /= dist.all_reduce_sum(q.sum(dim=1, keepdim=True))  # every prototype: mass 1/K

@@ -11,6 +11,8 @@ The contrastive losses take L2-normalised embeddings and return the mean over an
 - cross_view_cross_entropy: SwAV's swapped prediction (Caron et al., 2020) and
               DINO's loss (Caron et al., 2021): soft targets of some views
               predicted from every other view.
+- masked_patch_cross_entropy: iBOT's patch loss (Zhou et al., 2022): the teacher's distribution
+              of each masked patch predicted by the student's.
 - batch_info_nce:     InfoNCE against the other keys of the (gathered) batch: MoCo v3's
                       contrastive loss (Chen, Xie, He, 2021).
 - cosine_regression:  BYOL's 2 - 2 cos(p, z) (Grill et al., 2020); takes unnormalised inputs.
@@ -33,6 +35,8 @@ lose too much in bf16: a diagonal entry near 1 has a resolution of 2^-8):
 - epps_pulley, sigreg: LeJEPA's SIGReg: the Epps-Pulley statistic of the embeddings' projections on
                 random unit directions (random_directions) against a standard normal.
 - visreg_terms: VISReg's centre, scale and sliced-Wasserstein shape terms (Wu, Balestriero, Levine, 2026).
+- koleo:        DINOv2's KoLeo regulariser (Oquab et al., 2024; Sablayrolles et al., 2019): minus the mean
+                log distance of each L2-normalised embedding to its nearest neighbour in the batch.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ __all__ = [
     "PROTO_NCE_FORMS",
     "sample_negative_prototypes",
     "cross_view_cross_entropy",
+    "masked_patch_cross_entropy",
     "barlow_twins",
     "cross_correlation",
     "off_diagonal",
@@ -69,6 +74,7 @@ __all__ = [
     "epps_pulley",
     "sigreg",
     "visreg_terms",
+    "koleo",
 ]
 
 
@@ -335,6 +341,18 @@ def cross_view_cross_entropy(
     return torch.stack(terms).mean()
 
 
+def masked_patch_cross_entropy(
+    teacher_probs: torch.Tensor, student_logits: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """iBOT's patch term (main_ibot.py iBOTLoss): the cross-entropy of each patch's student distribution
+    (logits [N, L, K], already over the student temperature) to the teacher's (probabilities [N, L, K]),
+    averaged over each image's masked patches (mask [N, L], 1 = masked; an image with none counts 0), then
+    over the N images."""
+    per_patch = torch.sum(-teacher_probs * F.log_softmax(student_logits, dim=-1), dim=-1)
+    mask = mask.float()
+    return (torch.sum(per_patch * mask, dim=-1) / mask.sum(dim=-1).clamp(min=1.0)).mean()
+
+
 # --------------------------------------------------------------------------- redundancy reduction
 
 
@@ -573,3 +591,21 @@ def visreg_terms(
         quantiles = math.sqrt(2) * torch.erfinv(2 * levels - 1)
         shape = (projections.sort(dim=0).values - quantiles[:, None]).square().mean()
         return mean.square().mean(), (std - 1).square().mean(), shape
+
+
+def koleo(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """DINOv2's KoLeo regulariser (dinov2/loss/koleo_loss.py) of embeddings x [N, D]: each row L2-normalised,
+    its nearest other row found by the largest dot product, then -mean_n log(||x_n - x_nn(n) + eps|| + eps)
+    (torch's PairwiseDistance adds eps to the difference). Small when the rows spread over the sphere, large
+    when two of them meet. In float32 at least, as the official code turns autocast off for it."""
+    _require_2d("x", x)
+    if x.shape[0] < 2:
+        raise ValueError(f"koleo needs at least 2 embeddings, got {x.shape[0]}")
+    with torch.autocast(x.device.type, enabled=False):
+        x = F.normalize(full_precision(x), p=2, dim=-1, eps=eps)
+        with torch.no_grad():
+            dots = x @ x.T
+            dots.fill_diagonal_(-1.0)  # never its own neighbour: every other dot product is at least -1
+            nearest = dots.argmax(dim=1)
+        distances = F.pairwise_distance(x, x[nearest], p=2, eps=eps)
+        return -torch.log(distances + eps).mean()

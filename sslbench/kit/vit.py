@@ -1,7 +1,8 @@
-"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT) run it: the checks that it
-can be masked, its class token and position embeddings added to patch tokens, every token with masked
-patches replaced by a mask token (SimMIM, iBOT), the random draw of a whole batch's masks, SimMIM's mask of
-random units of patches and BEiT's block-wise mask (iBOT).
+"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT, DINOv2) run it: the checks
+that it can be masked, its class token and position embeddings added to patch tokens, every token with masked
+patches replaced by a mask token (SimMIM, iBOT, DINOv2), the random draw of a whole batch's masks, SimMIM's
+mask of random units of patches, BEiT's block-wise mask (iBOT) and DINOv2's draw of them over a batch, and
+the layer of each parameter that layer-wise lr decay scales (MAE's fine-tuning, DINOv2's pretraining).
 
 The encoder trained is the backbone's own modules (patch_embed, the positions, norm_pre, blocks, norm), so
 that the network trained is the network evaluated.
@@ -106,18 +107,30 @@ def random_unit_mask(noise: torch.Tensor, count: int, grid: tuple[int, int], uni
 
 
 def block_mask(
-    h: int, w: int, count: float, log_aspect: tuple[float, float], rng: random.Random
+    h: int,
+    w: int,
+    count: float,
+    log_aspect: tuple[float, float],
+    rng: random.Random,
+    min_area: float | None = None,
+    max_area: float | None = None,
 ) -> torch.Tensor:
-    """BEiT's block-wise mask (microsoft/unilm beit/masking_generator.py), as iBOT's loader.py draws it: on an
-    h x w grid of patches, rectangles of area ~ U((min(h, w) // 3)^2, what is left) and aspect ratio
-    exp(U(log_aspect)), each strictly inside the grid, are masked until at least ``count`` patches are (or
-    ten tries in a row add none). Returns a bool [h, w], True = masked; ``rng`` draws every number."""
+    """BEiT's block-wise mask (microsoft/unilm beit/masking_generator.py), as iBOT's loader.py and DINOv2's
+    masking.py draw it: on an h x w grid of patches, rectangles of area ~ U(min_area, what is left, at most
+    ``max_area``) and aspect ratio exp(U(log_aspect)), each strictly inside the grid, are masked until at
+    least ``count`` patches are (or ten tries in a row add none). ``min_area`` None: iBOT's
+    (min(h, w) // 3)^2; ``max_area`` None: no cap (iBOT's). Returns a bool [h, w], True = masked; ``rng``
+    draws every number."""
+    if min_area is None:
+        min_area = (min(h, w) // 3) ** 2
     mask = torch.zeros(h, w, dtype=torch.bool)
     masked = 0
     while masked < count:
         room, added = count - masked, 0
+        if max_area is not None:
+            room = min(room, max_area)
         for _ in range(10):
-            area = rng.uniform((min(h, w) // 3) ** 2, room)
+            area = rng.uniform(min_area, room)
             aspect = math.exp(rng.uniform(*log_aspect))
             bh, bw = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
             if bw < w and bh < h:
@@ -133,3 +146,30 @@ def block_mask(
             break
         masked += added
     return mask
+
+
+def mask_share_draws(
+    num_masks: int, probability: float, ratio_range: tuple[float, float], rng
+) -> list[float]:
+    """DINOv2's shares of the patches to mask for ``num_masks`` images (collate.py collate_data_and_cast):
+    int(num_masks x probability) of them are masked, the i-th with a share uniform in the i-th of as many
+    equal bins of ``ratio_range``, the others not at all (share 0), then the list is shuffled. ``rng``
+    (random.Random) draws every number."""
+    masked = int(num_masks * probability)
+    low, high = ratio_range
+    edges = [low + (high - low) * i / masked for i in range(masked + 1)] if masked else []
+    shares = [rng.uniform(edges[i], edges[i + 1]) for i in range(masked)] + [0.0] * (num_masks - masked)
+    rng.shuffle(shares)
+    return shares
+
+
+def vit_layer_id(name: str, num_blocks: int) -> int:
+    """The layer of a timm ViT parameter named ``name`` (MAE's util/lr_decay.py get_layer_id_for_vit, DINOv2's
+    utils/param_groups.py get_vit_lr_decay_rate): 0 for the embeddings (class token, positions, patch
+    embedding), i + 1 for block i, ``num_blocks`` + 1 for what follows the blocks. Layer-wise lr decay scales
+    a parameter's lr by decay ** (num_blocks + 1 - layer)."""
+    if name in ("cls_token", "pos_embed", "reg_token") or name.startswith("patch_embed"):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return num_blocks + 1

@@ -11,6 +11,7 @@ from sslbench.kit.clustering import (
     KMeansResult,
     _sinkhorn_log_scalings,
     _sinkhorn_scalings,
+    balanced_assignment,
     concentration,
     equipartition_labels,
     kmeans,
@@ -384,3 +385,13 @@ def test_equipartition_is_a_seeded_random_permutation():
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
     assert not torch.equal(first, torch.arange(200) % 10)
+
+
+def test_the_number_of_samples_scales_every_column_alike_so_one_process_s_assignment_ignores_it():
+    # B only rescales the whole matrix between the normalisations; under DDP it must be the same on every
+    # rank (DINOv2's masked patches, whose counts differ between ranks: tests/methods/test_distributed.py)
+    weights = torch.rand(7, 5, generator=torch.Generator().manual_seed(0)) + 0.1
+    torch.testing.assert_close(
+        balanced_assignment(weights, 3, num_samples=40), balanced_assignment(weights, 3)
+    )
+    torch.testing.assert_close(balanced_assignment(weights, 3).sum(dim=1), torch.ones(7))

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from sslbench.kit.losses import (
     PROTO_NCE_FORMS,
     info_nce,
+    koleo,
+    masked_patch_cross_entropy,
     me_max,
     proto_nce,
     relational,
@@ -447,3 +449,51 @@ def test_me_max_by_hand_zero_for_a_uniform_mean_assignment_and_log_k_at_collapse
     assert float(me_max(spread)) == pytest.approx(0.0, abs=1e-6)
     collapsed = torch.tensor([[1 - 3e-7, 1e-7, 1e-7, 1e-7]]).repeat(4, 1)  # every row on prototype 0
     assert float(me_max(collapsed)) == pytest.approx(math.log(4), abs=1e-5)
+
+
+# --------------------------------------------------------------------------- masked_patch_cross_entropy
+
+
+def test_the_masked_patch_loss_by_hand_an_image_without_masked_patches_counts_zero():
+    teacher = torch.tensor([[[1.0, 0.0], [0.5, 0.5]], [[0.0, 1.0], [1.0, 0.0]]])  # [2 images, 2 patches, 2]
+    logits = torch.tensor([[[0.0, 0.0], [2.0, 0.0]], [[1.0, 0.0], [0.0, 3.0]]])
+    mask = torch.tensor([[1, 1], [0, 0]])  # the second image has no masked patch
+    log_p = F.log_softmax(logits, dim=-1)
+    first = (-(teacher[0, 0] * log_p[0, 0]).sum() - (teacher[0, 1] * log_p[0, 1]).sum()) / 2
+    expected = (first + 0.0) / 2  # the mean over both images
+    assert float(masked_patch_cross_entropy(teacher, logits, mask)) == pytest.approx(float(expected))
+    one = torch.tensor([[0, 1], [0, 0]])
+    expected_one = -(teacher[0, 1] * log_p[0, 1]).sum() / 2
+    assert float(masked_patch_cross_entropy(teacher, logits, one)) == pytest.approx(float(expected_one))
+
+
+# --------------------------------------------------------------------------- koleo
+
+
+def test_koleo_by_hand_on_four_points_of_the_circle():
+    # unit vectors at 0, 90, 100 and 180 degrees: nearest neighbours 90 <-> 100 (10 degrees apart), 0 -> 90
+    # and 180 -> 100
+    angles = torch.tensor([0.0, 90.0, 100.0, 180.0], dtype=torch.float64).deg2rad()
+    x = torch.stack([angles.cos(), angles.sin()], dim=1) * torch.tensor(
+        [[3.0], [1.0], [2.0], [0.5]], dtype=torch.float64
+    )
+    chord = lambda degrees: 2 * math.sin(math.radians(degrees) / 2)  # noqa: E731
+    nearest = [chord(90), chord(10), chord(10), chord(80)]
+    expected = -sum(math.log(d + 1e-8) for d in nearest) / 4
+    assert koleo(x).item() == pytest.approx(expected, rel=1e-6)  # the norms do not matter
+
+
+def test_koleo_grows_as_two_embeddings_meet_and_pushes_them_apart():
+    spread = torch.eye(4)
+    close = spread.clone()
+    close[1] = torch.tensor([1.0, 0.01, 0.0, 0.0])
+    assert koleo(close).item() > koleo(spread).item() + 1.0
+    x = close.clone().requires_grad_(True)
+    koleo(x).backward()
+    step = F.normalize(x - 0.01 * x.grad, dim=1)
+    assert torch.dot(step[0], step[1]) < torch.dot(F.normalize(close, dim=1)[0], F.normalize(close, dim=1)[1])
+
+
+def test_koleo_needs_a_batch_of_two_or_more():
+    with pytest.raises(ValueError, match="at least 2"):
+        koleo(torch.ones(1, 3))

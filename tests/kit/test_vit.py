@@ -10,7 +10,14 @@ import pytest
 import torch
 from support import tiny_vit
 
-from sslbench.kit.vit import batch_draw, block_mask, masked_tokens, random_unit_mask
+from sslbench.kit.vit import (
+    batch_draw,
+    block_mask,
+    mask_share_draws,
+    masked_tokens,
+    random_unit_mask,
+    vit_layer_id,
+)
 
 
 def test_the_units_of_smallest_noise_are_masked_each_with_its_patches_by_hand():
@@ -102,3 +109,36 @@ def test_every_token_with_no_mask_is_the_vit_s_own_forward():
         tokens = masked_tokens(vit, x)
         assert tokens.shape == (3, 17, 48)
         torch.testing.assert_close(tokens[:, 0], vit(x))
+
+
+@pytest.mark.parametrize("count", [3, 6, 8])
+def test_capped_blocks_never_pass_the_cap_and_blocks_of_one_patch_are_drawn_with_a_minimum_of_one(count):
+    rng = random.Random(0)
+    for _ in range(50):  # max_area 4: every block at most 4 patches, so a mask of 8 takes two or more
+        mask = block_mask(4, 4, count, (math.log(0.3), math.log(1 / 0.3)), rng, min_area=4, max_area=4)
+        assert int(mask.sum()) <= count
+    single = [block_mask(4, 4, 1, (0.0, 0.0), random.Random(s), min_area=1).sum() for s in range(20)]
+    assert all(int(n) == 1 for n in single)  # area U(1, 1), aspect 1: one patch, strictly inside the grid
+
+
+def test_mask_shares_by_hand_one_per_bin_the_rest_zero_shuffled():
+    shares = mask_share_draws(6, 0.5, (0.2, 0.5), random.Random(3))
+    assert len(shares) == 6 and shares.count(0.0) == 3
+    drawn = sorted(s for s in shares if s)
+    for i, s in enumerate(drawn):  # bins [0.2, 0.3], [0.3, 0.4], [0.4, 0.5]
+        assert 0.2 + 0.1 * i <= s <= 0.3 + 0.1 * i + 1e-12
+    assert mask_share_draws(5, 0.0, (0.1, 0.5), random.Random(0)) == [0.0] * 5
+    orders = {
+        tuple(s > 0 for s in mask_share_draws(6, 0.5, (0.2, 0.5), random.Random(seed))) for seed in range(10)
+    }
+    assert len(orders) > 1  # shuffled: the masked crops are not always the first
+
+
+def test_each_vit_parameter_s_layer_embeddings_0_block_i_i_plus_1_the_rest_last():
+    vit = tiny_vit()
+    blocks = len(vit.blocks)
+    layers = {name: vit_layer_id(name, blocks) for name, _ in vit.named_parameters()}
+    assert layers["cls_token"] == layers["pos_embed"] == layers["patch_embed.proj.weight"] == 0
+    assert layers["blocks.0.attn.qkv.weight"] == 1 and layers[f"blocks.{blocks - 1}.mlp.fc2.bias"] == blocks
+    assert layers["norm.weight"] == blocks + 1
+    assert set(layers.values()) == set(range(blocks + 2))

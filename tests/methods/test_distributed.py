@@ -76,12 +76,16 @@ OWN_SETTINGS = {
     "simmim": SGD_STEP,
     "msn": SGD_STEP,
     "ibot": SGD_STEP,
+    "dinov2": SGD_STEP,
     "mmcr": SGD_STEP,
     "visreg": SGD_STEP,
     "wmse": {"proj_dim": 8, "w_size": 16, **SGD_STEP},
 }
 CASES = {method: (method, OWN_SETTINGS.get(method, {})) for method in FOLDERS} | {
     "instdisc-nce": ("instdisc", {"num_negatives": 64}),  # NCE (the ImageNet presets'); the default: softmax
+    # the released models' recipe: Sinkhorn-Knopp over every rank's crops and masked patches (their counts
+    # differ between the ranks), a head of its own for the patches
+    "dinov2-sinkhorn": ("dinov2", {"centering": "sinkhorn_knopp", "separate_head": True, **SGD_STEP}),
 }
 # Every method on a tiny ViT too (pixels has no backbone to swap)
 CASES |= {

@@ -1,4 +1,5 @@
 import json
+import math
 import re
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def test_methods_all_leaves_out_the_excluded_folders(tmp_path):
     # a name without a folder leaves nothing out (a copy of the suite may keep only some folders)
     assert selected_methods({"methods": "all", "methods_excluded": ["delta"]}, tmp_path) == every
     default = selected_methods(load_config(REPO / "config", [], {}), METHODS_DIR)
-    assert not {"simmim", "msn", "ibot"} & set(default) and "mae" in default
+    assert not {"simmim", "msn", "ibot"} & set(default) and {"mae", "dinov2"} <= set(default)
 
 
 def write_presets(folder):
@@ -474,6 +475,24 @@ def test_mocov3_s_vit_s16_variant_is_config_md_s_vit_small_command(preset):
     }
     assert [v["crop_scale"] for v in run["augment"]] == [[0.08, 1.0], [0.08, 1.0]]  # --crop-min 0.08
     assert [v["preset"] for v in run["augment"]] == ["byol_view1", "byol_view2"]
+
+
+@pytest.mark.parametrize("preset", ["imagenet", "imagenet100"])
+def test_dinov2_in_the_imagenet_presets_is_ssl_default_config_on_vit_l16_with_the_square_root_lr_rule(preset):
+    config = preset_config(preset)
+    run = resolve_method_config(config, METHODS_DIR, "dinov2")
+    train, params, backbone = run["train"], run["params"], run["backbone"]
+    assert backbone["name"] == "vit_large_patch16_224"
+    assert backbone["args"]["drop_path_rate"] == 0.3 and backbone["args"]["init_values"] == 1.0e-5
+    assert train["lr"] == pytest.approx(0.004 * math.sqrt(train["batch_size"] / 1024))  # sqrt_wrt_1024
+    assert (train["epochs"], train["warmup_epochs"], params["warmup_teacher_temp_epochs"]) == (100, 10, 30)
+    assert (params["out_dim"], params["hidden_dim"], params["bottleneck_dim"]) == (65536, 2048, 256)
+    assert (params["centering"], params["separate_head"], params["layer_decay"]) == ("centering", False, 0.9)
+    assert [(c["count"], c["crop_scale"]) for c in run["augment"]["crops"]] == [
+        (1, [0.32, 1.0]),
+        (1, [0.32, 1.0]),
+        (8, [0.05, 0.32]),
+    ]
 
 
 def test_the_imagenet_vit_variants_match_a_paper_yaml_row_by_backbone_and_epochs():

@@ -85,6 +85,8 @@ def live_state(method) -> dict:
         ("pcl", {"warmup_epochs": 0, "queue_size": 128}),  # PCL: E-steps in both epochs
         ("lejepa", {"num_slices": 16}),  # random directions drawn inside every step's loss
         ("visreg", {"num_slices": 16}),
+        # masks drawn inside every step, the teacher temperature warming up per step
+        ("dinov2", {"out_dim": 32, "hidden_dim": 24, "bottleneck_dim": 12, "warmup_teacher_temp_epochs": 2}),
     ],
 )
 def test_fit_resumes_a_killed_run_rather_than_retraining_it(tmp_path, method_config, method, overrides):

@@ -1,0 +1,252 @@
+"""DINOv2 (Oquab et al., TMLR 2024): DINO's self-distillation of the class token and iBOT's of the masked
+patches, with the KoLeo regulariser on the student's class tokens, the teacher centred by a running mean or by
+Sinkhorn-Knopp, and layer-wise lr decay in pretraining.
+
+    student = (vit, dino_head, ibot_head); teacher = copy(student), no gradient; c, c2 = 0 (the centres)
+    for x in loader:
+        m = block-wise masks of the global crops: half of them masked, shares in equal bins of [0.1, 0.5]
+        s = student(global crops with m's patches replaced by a mask token)     # class and patch tokens
+        s_v = student(local crop_v(x))                                           # the class token only
+        t = teacher(global crops)                                                # no mask
+        p = centre(dino_head(t.cls)), q = centre(ibot_head(t.patches[m]))        # softmax((. - c) / tau_t),
+                                                                                 # or Sinkhorn-Knopp
+        L_dino = mean over (i, v != i) of CE(p_i, softmax(dino_head(s_v.cls) / tau_s))
+        L_ibot = mean over images of the mean over its masked patches of
+                 CE(q, softmax(ibot_head(s.patches[m]) / tau_s))
+        L_koleo = sum over the 2 global crops of KoLeo(s.cls of that crop)
+        loss = w_dino L_dino + w_koleo L_koleo + w_ibot L_ibot
+        clip each student module's gradient norm; no last-layer update in the first epoch
+        AdamW step, each parameter's lr x layer_decay ** (L + 1 - its layer) (x 0.2 for the patch embedding)
+        teacher = l teacher + (1 - l) student                                    # l cosine from 0.992 to 1
+
+facebookresearch/dinov2 dinov2/train/ssl_meta_arch.py (forward_backward, get_params_groups),
+dinov2/train/train.py (the schedules, clipping), dinov2/loss/ (dino_clstoken_loss.py, ibot_patch_loss.py,
+koleo_loss.py), dinov2/data/collate.py and masking.py, dinov2/utils/param_groups.py and
+dinov2/configs/ssl_default_config.yaml. The evaluated encoder is the teacher's backbone.
+"""
+
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath
+from torch import nn
+
+from sslbench import distributed as dist
+from sslbench.errors import ConfigError
+from sslbench.kit.clustering import balanced_assignment
+from sslbench.kit.health import distribution_health
+from sslbench.kit.losses import cross_view_cross_entropy, koleo
+from sslbench.kit.method import DINOHead, Method, embed_crops
+from sslbench.kit.momentum import frozen_copy
+from sslbench.kit.vit import block_mask, check_masked_vit, mask_share_draws, masked_tokens, vit_layer_id
+
+CONFIG = "methods/dinov2/config.yaml"
+CENTERINGS = ("centering", "sinkhorn_knopp")
+
+
+def head(p: dict, feature_dim: int, out_dim: int) -> DINOHead:
+    """DINOv2's DINOHead: DINO's, its last layer's norms trained (no norm_last_layer), no batch norm."""
+    return DINOHead(
+        feature_dim, out_dim, p["hidden_dim"], p["bottleneck_dim"], 3, use_bn=False, norm_last_layer=False
+    )
+
+
+class DINOv2(Method):
+    num_views = 2  # the global crops, the teacher's only input and the only ones masked
+    multi_crop = True
+
+    def __init__(self, backbone, info, cfg):
+        super().__init__(backbone, info, cfg)
+        p = cfg["params"]
+        if p["centering"] not in CENTERINGS:
+            raise ConfigError(f"{CONFIG}: centering must be one of {CENTERINGS}, got {p['centering']!r}")
+        self.patch = check_masked_vit(backbone, cfg, info, "DINOv2")
+        self.grid = info.image_size // self.patch
+        # [dino head, ibot head]; separate_head false (ssl_default_config): the patches take the class token's
+        self.heads = nn.ModuleList([head(p, self.feature_dim, p["out_dim"])])
+        if p["separate_head"]:
+            self.heads.append(head(p, self.feature_dim, p["ibot_out_dim"]))
+        self.mask_token = nn.Parameter(
+            torch.zeros(1, 1, self.feature_dim)
+        )  # the backbone's mask_token: zeros
+        self.teacher = frozen_copy([self.backbone, *self.heads])  # [backbone, dino head(, ibot head)]
+        for module in self.teacher.modules():  # build_model_from_cfg: the teacher has no drop path
+            if isinstance(module, DropPath):
+                module.drop_prob = 0.0
+        self.register_buffer("center", torch.zeros(1, p["out_dim"]))
+        self.register_buffer("center2", torch.zeros(1, self.ibot_head.last_layer.out_features))
+        self.centering, self.center_momentum = p["centering"], float(p["center_momentum"])
+        self.student_temp = float(p["student_temp"])
+        self.teacher_temps = (float(p["warmup_teacher_temp"]), float(p["teacher_temp"]))
+        self.warmup_teacher_temp_epochs = float(p["warmup_teacher_temp_epochs"])
+        self.weights = {k: float(p[f"{k}_loss_weight"]) for k in ("dino", "koleo", "ibot")}
+        self.mask_probability, self.mask_ratio = float(p["mask_probability"]), tuple(p["mask_ratio"])
+        if not 0 <= self.mask_ratio[0] <= self.mask_ratio[1] <= 1:
+            raise ConfigError(f"{CONFIG}: mask_ratio must be [low, high] with 0 <= low <= high <= 1")
+        self.log_aspect = (math.log(p["mask_min_aspect"]), -math.log(p["mask_min_aspect"]))
+        self.min_mask_patches = int(p["min_mask_patches"])
+        self.max_mask_patches = float(p["max_mask_share"]) * self.grid * self.grid
+        self.layer_decay, self.patch_embed_lr_mult = float(p["layer_decay"]), float(p["patch_embed_lr_mult"])
+        self.clip_grad, self.freeze_last_layer = float(p["clip_grad"]), int(p["freeze_last_layer"])
+        self.teacher_temp = self.teacher_temperature(0, 1)
+
+    @property
+    def dino_head(self) -> DINOHead:
+        return self.heads[0]
+
+    @property
+    def ibot_head(self) -> DINOHead:
+        return self.heads[-1]
+
+    def teacher_temperature(self, step: int, steps_per_epoch: int) -> float:
+        """train.py's teacher_temp schedule, per step: np.linspace(warmup_teacher_temp, teacher_temp, warm-up
+        steps) over the warm-up epochs' steps, then teacher_temp."""
+        start, end = self.teacher_temps
+        warmup = int(self.warmup_teacher_temp_epochs * steps_per_epoch)
+        if step >= warmup:
+            return end
+        return start + (end - start) * step / max(1, warmup - 1)
+
+    def training_loss(self, views, labels, indices):
+        globals_, locals_ = views[: self.num_views], views[self.num_views :]
+        masks = self.draw_masks(globals_[0].shape[0], globals_[0].device).flatten(1)  # [2B, L]
+        with torch.no_grad():
+            tokens = masked_tokens(self.teacher[0], torch.cat(globals_))
+            teacher_cls = self.teacher[1](tokens[:, 0])
+            teacher_patches = self.teacher[-1](tokens[:, 1:][masks])  # [M, K2]: the masked patches only
+        student = masked_tokens(self.backbone, torch.cat(globals_), masks, self.mask_token)
+        student_cls = list(self.dino_head(student[:, 0]).chunk(self.num_views))
+        if locals_:
+            student_cls += embed_crops(self.backbone, locals_, head=self.dino_head)
+        targets, patch_targets = self.teacher_targets(teacher_cls, teacher_patches)
+        loss_dino = cross_view_cross_entropy(targets.chunk(self.num_views), student_cls, self.student_temp)
+        loss_koleo = sum(koleo(dist.gather_with_grad(c)) for c in student[:, 0].chunk(self.num_views))
+        loss_ibot = self.patch_loss(patch_targets, self.ibot_head(student[:, 1:][masks]), masks)
+        w = self.weights
+        return w["dino"] * loss_dino + w["koleo"] * loss_koleo + w["ibot"] * loss_ibot
+
+    def patch_loss(self, targets: torch.Tensor, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        """iBOTPatchLoss.forward_masked: each masked patch's cross-entropy (targets, logits [M, K] in the
+        order of ``masks`` [N, L]' True entries) weighted by 1 / its image's masked count, summed, over N."""
+        per_patch = -(targets * F.log_softmax(logits / self.student_temp, dim=-1)).sum(dim=-1)
+        weights = (1 / masks.sum(dim=-1).clamp(min=1)).unsqueeze(-1).expand_as(masks)[masks]
+        return (per_patch * weights).sum() / masks.shape[0]
+
+    @torch.no_grad()
+    def teacher_targets(self, cls: torch.Tensor, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's class-token [2B, K] and masked-patch [M, K2] distributions. `centering`: softmax((t -
+        c) / tau_t), then each centre moves 0.9 towards the mean output over every rank (the patches': over
+        every rank's masked patches); `sinkhorn_knopp`: three Sinkhorn-Knopp iterations of exp(t / tau_t)
+        over every rank's rows, the patches' over every rank's masked patches."""
+        tau = self.teacher_temp
+        count = int(dist.all_reduce_sum(torch.tensor([float(patches.shape[0])], device=patches.device))[0])
+        if self.centering == "sinkhorn_knopp":
+            return (
+                balanced_assignment(torch.exp(cls.float() / tau)),
+                balanced_assignment(torch.exp(patches.float() / tau), num_samples=count),
+            )
+        targets = (
+            F.softmax((cls - self.center) / tau, dim=-1),
+            F.softmax((patches - self.center2) / tau, dim=-1),
+        )
+        cls_mean = dist.all_reduce_sum(cls.float().sum(dim=0, keepdim=True)) / (
+            cls.shape[0] * dist.world_size()
+        )
+        patch_mean = dist.all_reduce_sum(patches.float().sum(dim=0, keepdim=True)) / max(count, 1)
+        self.center.mul_(self.center_momentum).add_(cls_mean, alpha=1 - self.center_momentum)
+        self.center2.mul_(self.center_momentum).add_(patch_mean, alpha=1 - self.center_momentum)
+        return targets
+
+    @torch.no_grad()
+    def draw_masks(self, batch: int, device) -> torch.Tensor:
+        """[num_views x batch, h, w] bool: collate_data_and_cast's masks of every global crop of this rank's
+        images (view-major): int(crops x mask_probability) of the crops masked, shares in equal bins of
+        mask_ratio, shuffled, each drawn by MaskingGenerator (blocks of at least min_mask_patches, at most
+        max_mask_share of the patches). The whole batch's from rank 0's seed, so that 2 processes compute what
+        one computes on the whole batch (the official collate draws each rank's)."""
+        seed = int(dist.broadcast(torch.randint(0, 2**31 - 1, (1,), device=device))[0])
+        rng = random.Random(seed)
+        everyone = batch * dist.world_size()
+        shares = mask_share_draws(self.num_views * everyone, self.mask_probability, self.mask_ratio, rng)
+        n = self.grid * self.grid
+        masks = torch.stack(
+            [
+                block_mask(
+                    self.grid,
+                    self.grid,
+                    int(n * share),
+                    self.log_aspect,
+                    rng,
+                    min_area=self.min_mask_patches,
+                    max_area=self.max_mask_patches,
+                )
+                for share in shares
+            ]
+        ).view(self.num_views, everyone, self.grid, self.grid)
+        mine = masks[:, dist.rank() * batch : (dist.rank() + 1) * batch]
+        return mine.reshape(-1, self.grid, self.grid).to(device)
+
+    def param_groups(self):
+        """get_params_groups_with_decay: each student parameter's lr x layer_decay ** (L + 1 - its layer)
+        (the heads': 1), x patch_embed_lr_mult in the patch embedding; no weight decay on biases and on
+        names with `norm` or `gamma`."""
+        num_blocks = len(self.backbone.blocks)
+        named = [(n, p, True) for n, p in self.backbone.named_parameters()] + [
+            ("mask_token", self.mask_token, True)
+        ]
+        named += [(n, p, False) for n, p in self.heads.named_parameters()]
+        groups: dict[tuple[float, bool], dict] = {}
+        for name, param, in_backbone in named:
+            layer = vit_layer_id(name, num_blocks) if in_backbone and name != "mask_token" else num_blocks + 1
+            scale = self.layer_decay ** (num_blocks + 1 - (0 if name == "mask_token" else layer))
+            if "patch_embed" in name:
+                scale *= self.patch_embed_lr_mult
+            decay = not (name.endswith(".bias") or "norm" in name or "gamma" in name)
+            group = groups.setdefault((scale, decay), {"params": [], "lr_scale": scale})
+            if not decay:
+                group["weight_decay"] = 0.0
+            group["params"].append(param)
+        return list(groups.values())
+
+    def encoder(self):
+        return self.teacher[0]
+
+    def projection_head(
+        self,
+    ):  # the teacher's class-token head, on the teacher backbone that encoder() evaluates
+        return self.teacher[1].mlp
+
+    @torch.no_grad()
+    def health(self, forward_train_set):
+        """The teacher's sharpened class-token output on the train split (the monitors'), centred by the
+        running centre (zero under Sinkhorn-Knopp, whose targets need a batch): its mean entropy and how many
+        of its K outputs the images' argmaxes use."""
+        teacher = nn.Sequential(self.teacher[0], self.teacher[1])
+        mean_entropy, usage = distribution_health(
+            forward_train_set,
+            lambda x: F.softmax((teacher(x).float() - self.center) / self.teacher_temp, dim=-1),
+            self.center.shape[1],
+        )
+        return {"teacher_entropy": mean_entropy, "teacher_usage": usage}
+
+    def momentum_pairs(self):
+        return [([self.backbone, *self.heads], self.teacher)]
+
+    def on_epoch_start(self, ctx):
+        self.teacher_temp = self.teacher_temperature(ctx.step, ctx.steps_per_epoch)
+        ctx.log["teacher_temp"] = self.teacher_temp
+
+    def on_before_step(self, ctx):
+        if self.clip_grad > 0:  # train.py: each student module's total gradient norm at most clip_grad
+            torch.nn.utils.clip_grad_norm_([*self.backbone.parameters(), self.mask_token], self.clip_grad)
+            for module in self.heads:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), self.clip_grad)
+        if ctx.epoch < self.freeze_last_layer:  # the last layers' lr is 0 in the first epoch
+            for module in self.heads:
+                for p in module.last_layer.parameters():
+                    p.grad = None
+
+    def on_step_end(self, ctx):
+        self.teacher_temp = self.teacher_temperature(ctx.step, ctx.steps_per_epoch)
