@@ -142,6 +142,17 @@ FORMATS: dict[str, Format] = {
         drop=("module.fc.",),  # the projection head (fc1, bn1, fc2, bn2, fc3); the prototypes are top-level
         note="the encoder is deit.py's ViT, whose key names are timm's (cls_token, blocks.0.attn.qkv, norm)",
     ),
+    "dinov2": Format(
+        "facebookresearch/dinov2 dinov2/hub/backbones.py (the README's `*_pretrain.pth` backbone files)",
+        wrapper=None,
+        drop=("mask_token",),  # the masked patches' token of pretraining
+        note=(
+            "the backbone of DINOv2's ViT-S/14, B/14 or L/14 (timm's key names, layer scale ls1/ls2.gamma), "
+            "its position embeddings of 518 px (37 x 37 patches): load it into timm's vit_*_patch14_dinov2 "
+            "with `args: {img_size: 518}`, which resamples them to the images' size; the registers' files "
+            "(register_tokens) and ViT-g/14's SwiGLU blocks (w12, w3) are not read"
+        ),
+    ),
     "torchvision": Format(
         "pytorch/vision torchvision/models/resnet.py", wrapper=None, drop=TORCHVISION_CLASSIFIER
     ),

@@ -243,6 +243,7 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
         | {"module.queue": torch.randn(32, 16), "module.queue_ptr": torch.zeros(1, dtype=torch.long)}
     ),
     "densecl": lambda state, d: {},  # the released files are the extracted backbone
+    "dinov2": lambda state, d: {"mask_token": torch.zeros(1, d)},  # DinoVisionTransformer's [1, D]
     "msn": lambda state, d: (  # init_model's fc: Linear, BN, GELU, Linear, BN, GELU, Linear
         linear("module.fc.fc1", 64, d)
         | batch_norm("module.fc.bn1", 64)

@@ -301,6 +301,30 @@ def test_msn_checkpoint_target_encoder_by_default_the_online_encoder_on_request(
     )
 
 
+def test_a_dinov2_hub_file_loads_into_timm_s_vit_with_layer_scale_and_518_px_positions(tmp_path):
+    # dinov2_vits14_pretrain.pth: DinoVisionTransformer's state dict, timm's names, its mask token beside
+    # them, position embeddings of 37 x 37 patches; a small one here (4 x 4 patches of 8 px, 32-px inputs)
+    args = {"patch_size": 8, "depth": 2, "embed_dim": 48, "num_heads": 3, "num_classes": 0}
+    args["init_values"] = 1e-5  # layer scale
+    torch.manual_seed(0)
+    released_vit = timm.create_model("vit_tiny_patch16_224", img_size=32, **args)
+    with torch.no_grad():
+        for value in released_vit.state_dict().values():
+            value.normal_(0, 0.1)
+    path = tmp_path / "dinov2_vits14_pretrain.pth"
+    torch.save(released_vit.state_dict() | {"mask_token": torch.zeros(1, 48)}, path)
+    assert "blocks.1.ls2.gamma" in torch.load(path) and "mask_token" in torch.load(path)
+
+    # at the images' own 16 px, the 32-px positions resampled on the fly (dynamic_img_size)
+    into = timm.create_model("vit_tiny_patch16_224", img_size=32, dynamic_img_size=True, **args)
+    loaded = load_backbone(into, backbone_state(path, "dinov2"), path)
+    assert_same_backbone(loaded, released_vit.eval())
+    assert loaded(torch.randn(2, 3, 16, 16)).shape == (2, 48)
+    smaller = timm.create_model("vit_tiny_patch16_224", img_size=16, **args)  # positions of 2 x 2 patches
+    with pytest.raises(ReleasedWeightsError, match="pos_embed"):
+        load_backbone(smaller, backbone_state(path, "dinov2"), path)
+
+
 def test_densecl_extracted_backbone_file(tmp_path):
     model = (
         tiny()
