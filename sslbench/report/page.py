@@ -63,6 +63,7 @@ pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.8em}
 details{margin:.5em 0}summary{cursor:pointer}
 table.matrix td,table.matrix th{padding:.1em .1em;font-size:.72em}
 table.matrix th.col{writing-mode:vertical-rl;transform:rotate(180deg);text-align:left;vertical-align:bottom}
+table.matrix th.text{overflow-wrap:anywhere}
 table.matrix td.better{background:#d9f0d3}table.matrix td.worse{background:#fbe0dc}
 table.matrix td.better.resolved{background:#1b7837;color:#fff;font-weight:bold}
 table.matrix td.worse.resolved{background:#b2182b;color:#fff;font-weight:bold}
