@@ -68,9 +68,8 @@ class DINOv2(Method):
         self.heads = nn.ModuleList([head(p, self.feature_dim, p["out_dim"])])
         if p["separate_head"]:
             self.heads.append(head(p, self.feature_dim, p["ibot_out_dim"]))
-        self.mask_token = nn.Parameter(
-            torch.zeros(1, 1, self.feature_dim)
-        )  # the backbone's mask_token: zeros
+        # the backbone's mask_token in DINOv2 (zeros at first): a parameter of the method here
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, self.feature_dim))
         self.teacher = frozen_copy([self.backbone, *self.heads])  # [backbone, dino head(, ibot head)]
         for module in self.teacher.modules():  # build_model_from_cfg: the teacher has no drop path
             if isinstance(module, DropPath):

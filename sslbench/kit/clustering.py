@@ -327,7 +327,8 @@ def balanced_assignment(
     ``num_samples`` gives the total where the ranks hold different numbers, as DINOv2's masked patches), and
     each rank gets its own rows.
     """
-    if weights.dim() != 2 or weights.shape[0] == 0 or weights.shape[1] == 0:
+    # a rank may hold no rows of a problem whose total it is given (num_samples)
+    if weights.dim() != 2 or weights.shape[1] == 0 or (weights.shape[0] == 0 and num_samples is None):
         raise ValueError(
             f"balanced_assignment needs weights [B, K] with B, K >= 1, got {tuple(weights.shape)}"
         )

@@ -118,6 +118,17 @@ def test_sinkhorn_knopp_is_the_official_iteration_and_spreads_the_mass_over_the_
     torch.testing.assert_close(flat, torch.full((6, OUT), 1 / OUT))
 
 
+def test_a_batch_without_a_masked_patch_has_a_patch_loss_of_zero_under_either_centring(vit):
+    for centering in ("centering", "sinkhorn_knopp"):
+        method = vit(centering=centering, mask_probability=0.0)  # int(crops x 0) masked: none
+        loss = method.training_loss(random_views(0, BATCH, local=2), None, torch.arange(BATCH))
+        assert torch.isfinite(loss)
+        _, patch_targets = method.teacher_targets(torch.zeros(4, OUT), torch.zeros(0, OUT))
+        assert patch_targets.shape == (0, OUT)
+        empty = torch.zeros(BATCH * 2, 16, dtype=torch.bool)
+        assert method.patch_loss(patch_targets, torch.zeros(0, OUT), empty).item() == 0.0
+
+
 def test_half_the_global_crops_are_masked_each_with_a_share_from_its_own_bin(vit):
     method = vit(mask_probability=0.5, mask_ratio=[0.1, 0.5])
     torch.manual_seed(0)
