@@ -22,7 +22,6 @@ set to 0 (stochastic depth only ever drops in the student's forward).
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath
 from torch import nn
 
 from sslbench import distributed as dist
@@ -30,7 +29,7 @@ from sslbench.errors import ConfigError
 from sslbench.kit.health import distribution_health
 from sslbench.kit.losses import cross_view_cross_entropy
 from sslbench.kit.method import DINOHead, Method, clip_each_gradient, embed_crops, exclude_bias_and_norm
-from sslbench.kit.momentum import frozen_copy
+from sslbench.kit.momentum import frozen_copy, without_drop_path
 
 CONFIG = "methods/dino/config.yaml"
 
@@ -55,10 +54,8 @@ class DINO(Method):
             p["use_bn_in_head"],
             p["norm_last_layer"],
         )
-        self.teacher = frozen_copy([self.backbone, self.head])  # starts as the student, moved by EMA
-        for module in self.teacher.modules():  # main_dino.py: the teacher is built without drop path
-            if isinstance(module, DropPath):
-                module.drop_prob = 0.0
+        # starts as the student, moved by EMA; main_dino.py builds the teacher without drop path
+        self.teacher = without_drop_path(frozen_copy([self.backbone, self.head]))
         self.register_buffer("center", torch.zeros(1, p["out_dim"]))
         self.student_temp, self.center_momentum = float(p["student_temp"]), float(p["center_momentum"])
         self.teacher_temps = (float(p["warmup_teacher_temp"]), float(p["teacher_temp"]))

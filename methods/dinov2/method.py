@@ -30,16 +30,15 @@ import random
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath
 from torch import nn
 
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.kit.clustering import balanced_assignment
 from sslbench.kit.health import distribution_health
-from sslbench.kit.losses import cross_view_cross_entropy, koleo
+from sslbench.kit.losses import cross_view_cross_entropy, koleo, masked_patch_cross_entropy
 from sslbench.kit.method import DINOHead, Method, embed_crops
-from sslbench.kit.momentum import frozen_copy
+from sslbench.kit.momentum import frozen_copy, without_drop_path
 from sslbench.kit.vit import block_mask, check_masked_vit, mask_share_draws, masked_tokens, vit_layer_id
 
 CONFIG = "methods/dinov2/config.yaml"
@@ -70,10 +69,8 @@ class DINOv2(Method):
             self.heads.append(head(p, self.feature_dim, p["ibot_out_dim"]))
         # the backbone's mask_token in DINOv2 (zeros at first): a parameter of the method here
         self.mask_token = nn.Parameter(torch.zeros(1, 1, self.feature_dim))
-        self.teacher = frozen_copy([self.backbone, *self.heads])  # [backbone, dino head(, ibot head)]
-        for module in self.teacher.modules():  # build_model_from_cfg: the teacher has no drop path
-            if isinstance(module, DropPath):
-                module.drop_prob = 0.0
+        # [backbone, dino head(, ibot head)]; build_model_from_cfg: the teacher has no drop path
+        self.teacher = without_drop_path(frozen_copy([self.backbone, *self.heads]))
         self.register_buffer("center", torch.zeros(1, p["out_dim"]))
         self.register_buffer("center2", torch.zeros(1, self.ibot_head.last_layer.out_features))
         self.centering, self.center_momentum = p["centering"], float(p["center_momentum"])
@@ -122,16 +119,10 @@ class DINOv2(Method):
         targets, patch_targets = self.teacher_targets(teacher_cls, teacher_patches)
         loss_dino = cross_view_cross_entropy(targets.chunk(self.num_views), student_cls, self.student_temp)
         loss_koleo = sum(koleo(dist.gather_with_grad(c)) for c in student[:, 0].chunk(self.num_views))
-        loss_ibot = self.patch_loss(patch_targets, self.ibot_head(student[:, 1:][masks]), masks)
+        patch_logits = self.ibot_head(student[:, 1:][masks]) / self.student_temp
+        loss_ibot = masked_patch_cross_entropy(patch_targets, patch_logits, masks)
         w = self.weights
         return w["dino"] * loss_dino + w["koleo"] * loss_koleo + w["ibot"] * loss_ibot
-
-    def patch_loss(self, targets: torch.Tensor, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        """iBOTPatchLoss.forward_masked: each masked patch's cross-entropy (targets, logits [M, K] in the
-        order of ``masks`` [N, L]' True entries) weighted by 1 / its image's masked count, summed, over N."""
-        per_patch = -(targets * F.log_softmax(logits / self.student_temp, dim=-1)).sum(dim=-1)
-        weights = (1 / masks.sum(dim=-1).clamp(min=1)).unsqueeze(-1).expand_as(masks)[masks]
-        return (per_patch * weights).sum() / masks.shape[0]
 
     @torch.no_grad()
     def teacher_targets(self, cls: torch.Tensor, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,8 +189,8 @@ class DINOv2(Method):
         named += [(n, p, False) for n, p in self.heads.named_parameters()]
         groups: dict[tuple[float, bool], dict] = {}
         for name, param, in_backbone in named:
-            layer = vit_layer_id(name, num_blocks) if in_backbone and name != "mask_token" else num_blocks + 1
-            scale = self.layer_decay ** (num_blocks + 1 - (0 if name == "mask_token" else layer))
+            layer = vit_layer_id(name, num_blocks) if in_backbone else num_blocks + 1
+            scale = self.layer_decay ** (num_blocks + 1 - layer)
             if "patch_embed" in name:
                 scale *= self.patch_embed_lr_mult
             decay = not (name.endswith(".bias") or "norm" in name or "gamma" in name)
@@ -212,9 +203,8 @@ class DINOv2(Method):
     def encoder(self):
         return self.teacher[0]
 
-    def projection_head(
-        self,
-    ):  # the teacher's class-token head, on the teacher backbone that encoder() evaluates
+    def projection_head(self):
+        """The teacher's class-token head, on the teacher backbone that encoder() evaluates."""
         return self.teacher[1].mlp
 
     @torch.no_grad()

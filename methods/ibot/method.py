@@ -111,7 +111,7 @@ class IBOT(Method):
         flat_masks = masks.flatten(1).chunk(self.num_views)
         loss_mim = (
             sum(
-                masked_patch_cross_entropy(q, s, m)
+                masked_patch_cross_entropy(q[m], s[m], m)
                 for q, s, m in zip(patch_targets, patch_logits, flat_masks)
             )
             / self.num_views

@@ -344,13 +344,15 @@ def cross_view_cross_entropy(
 def masked_patch_cross_entropy(
     teacher_probs: torch.Tensor, student_logits: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """iBOT's patch term (main_ibot.py iBOTLoss): the cross-entropy of each patch's student distribution
-    (logits [N, L, K], already over the student temperature) to the teacher's (probabilities [N, L, K]),
-    averaged over each image's masked patches (mask [N, L], 1 = masked; an image with none counts 0), then
-    over the N images."""
+    """iBOT's patch term (main_ibot.py iBOTLoss; DINOv2's iBOTPatchLoss.forward_masked): the cross-entropy of
+    each masked patch's student distribution (logits [M, K], already over the student temperature) to the
+    teacher's (probabilities [M, K]), the rows in the order of ``mask``'s masked entries (mask [N, L], 1 =
+    masked), each weighted by 1 / its image's number of masked patches, summed, over the N images: the mean
+    over the images of their masked patches' mean, an image with none counting 0."""
+    mask = mask.bool()
     per_patch = torch.sum(-teacher_probs * F.log_softmax(student_logits, dim=-1), dim=-1)
-    mask = mask.float()
-    return (torch.sum(per_patch * mask, dim=-1) / mask.sum(dim=-1).clamp(min=1.0)).mean()
+    weights = (1 / mask.sum(dim=-1).clamp(min=1)).unsqueeze(-1).expand_as(mask)[mask]
+    return (per_patch * weights).sum() / mask.shape[0]
 
 
 # --------------------------------------------------------------------------- redundancy reduction

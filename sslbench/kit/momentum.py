@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+from timm.layers import DropPath
 from torch import nn
 
 from sslbench.errors import ConfigError
@@ -99,3 +100,12 @@ def freeze(module: nn.Module) -> nn.Module:
 def frozen_copy(online: Sequence[nn.Module]) -> nn.Sequential:
     """A target that starts as a copy of ``online`` (applied in order), without gradients."""
     return freeze(nn.Sequential(*(copy.deepcopy(m) for m in online)))
+
+
+def without_drop_path(target: nn.Module) -> nn.Module:
+    """``target`` with every timm DropPath set to drop nothing: a teacher built without stochastic depth
+    (DINO's, DINOv2's), whose student keeps it."""
+    for module in target.modules():
+        if isinstance(module, DropPath):
+            module.drop_prob = 0.0
+    return target

@@ -166,9 +166,9 @@ def mask_share_draws(
 def vit_layer_id(name: str, num_blocks: int) -> int:
     """The layer of a timm ViT parameter named ``name`` (MAE's util/lr_decay.py get_layer_id_for_vit, DINOv2's
     utils/param_groups.py get_vit_lr_decay_rate): 0 for the embeddings (class token, positions, patch
-    embedding), i + 1 for block i, ``num_blocks`` + 1 for what follows the blocks. Layer-wise lr decay scales
-    a parameter's lr by decay ** (num_blocks + 1 - layer)."""
-    if name in ("cls_token", "pos_embed", "reg_token") or name.startswith("patch_embed"):
+    embedding, DINOv2's mask token), i + 1 for block i, ``num_blocks`` + 1 for what follows the blocks.
+    Layer-wise lr decay scales a parameter's lr by decay ** (num_blocks + 1 - layer)."""
+    if name in ("cls_token", "pos_embed", "reg_token", "mask_token") or name.startswith("patch_embed"):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1

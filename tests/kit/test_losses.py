@@ -457,14 +457,19 @@ def test_me_max_by_hand_zero_for_a_uniform_mean_assignment_and_log_k_at_collapse
 def test_the_masked_patch_loss_by_hand_an_image_without_masked_patches_counts_zero():
     teacher = torch.tensor([[[1.0, 0.0], [0.5, 0.5]], [[0.0, 1.0], [1.0, 0.0]]])  # [2 images, 2 patches, 2]
     logits = torch.tensor([[[0.0, 0.0], [2.0, 0.0]], [[1.0, 0.0], [0.0, 3.0]]])
-    mask = torch.tensor([[1, 1], [0, 0]])  # the second image has no masked patch
+    mask = torch.tensor([[1, 1], [0, 0]]).bool()  # the second image has no masked patch
     log_p = F.log_softmax(logits, dim=-1)
     first = (-(teacher[0, 0] * log_p[0, 0]).sum() - (teacher[0, 1] * log_p[0, 1]).sum()) / 2
     expected = (first + 0.0) / 2  # the mean over both images
-    assert float(masked_patch_cross_entropy(teacher, logits, mask)) == pytest.approx(float(expected))
-    one = torch.tensor([[0, 1], [0, 0]])
+    # the masked patches' rows, as a method passes them
+    assert float(masked_patch_cross_entropy(teacher[mask], logits[mask], mask)) == pytest.approx(
+        float(expected)
+    )
+    one = torch.tensor([[0, 1], [0, 0]]).bool()
     expected_one = -(teacher[0, 1] * log_p[0, 1]).sum() / 2
-    assert float(masked_patch_cross_entropy(teacher, logits, one)) == pytest.approx(float(expected_one))
+    assert float(masked_patch_cross_entropy(teacher[one], logits[one], one)) == pytest.approx(
+        float(expected_one)
+    )
 
 
 # --------------------------------------------------------------------------- koleo
