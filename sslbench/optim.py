@@ -103,21 +103,25 @@ def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float |
     ``min_lr``), steps at milestones (x ``step_factor`` at each, default 0.1), or constant.
 
     ``schedule`` holds ``lr``, ``epochs``, ``schedule`` and optionally ``warmup_epochs`` (with
-    ``warmup_ramp``), ``milestones``, ``step_factor`` (the ``train`` section's keys) and ``min_lr``;
-    ``base`` replaces ``lr`` (a parameter group's own). The cosine ends at ``min_lr`` x base / lr: a
-    group at x times the lr ends at x times ``min_lr``, as MAE's util/lr_sched.py scales the whole
-    curve by a group's ``lr_scale``.
+    ``warmup_ramp`` and ``warmup_start_lr``), ``milestones``, ``step_factor`` (the ``train`` section's keys)
+    and ``min_lr``; ``base`` replaces ``lr`` (a parameter group's own). The warm-up starts at
+    ``warmup_start_lr`` x base / lr (0 when absent; I-JEPA's start_lr) and the cosine ends at ``min_lr``
+    x base / lr: a group at x times the lr starts and ends at x times them, as MAE's util/lr_sched.py
+    scales the whole curve by a group's ``lr_scale``.
     """
     base = schedule["lr"] if base is None else base
     epoch = step / steps_per_epoch
     warmup = schedule.get("warmup_epochs", 0)
     if epoch < warmup:
         ramp = schedule["warmup_ramp"]
+        start = schedule.get("warmup_start_lr", 0.0) * base / schedule["lr"] if schedule["lr"] else 0.0
         if ramp == "linear":
-            return base * epoch / warmup
+            return start + (base - start) * epoch / warmup
         if ramp == "linspace":
             last = warmup_steps(warmup, steps_per_epoch) - 1
-            return base * step / last if last > 0 else 0.0  # numpy's linspace of one value: its start
+            return (
+                start + (base - start) * step / last if last > 0 else start
+            )  # numpy's linspace of one value
         raise ConfigError(
             f"config key `train.warmup_ramp`: unknown ramp {ramp!r}; known: {', '.join(WARMUP_RAMPS)}"
         )

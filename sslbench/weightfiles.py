@@ -142,6 +142,17 @@ FORMATS: dict[str, Format] = {
         drop=("module.fc.",),  # the projection head (fc1, bn1, fc2, bn2, fc3); the prototypes are top-level
         note="the encoder is deit.py's ViT, whose key names are timm's (cls_token, blocks.0.attn.qkv, norm)",
     ),
+    "ijepa": Format(
+        "facebookresearch/ijepa src/helper.py load_checkpoint ('target_encoder', 'module.' removed)",
+        wrapper="target_encoder",
+        parts=("target_encoder", "encoder"),  # the momentum target (evaluated) or the context encoder
+        prefix="module.",
+        note=(
+            "the encoder is vision_transformer.py's ViT without a class token, whose key names are timm's "
+            "(pos_embed: its fixed sin-cos table); load it into timm's ViT with `args: {class_token: false, "
+            "global_pool: avg, fc_norm: false}` (ViT-H/14: vit_huge_patch14_224); the predictor is not read"
+        ),
+    ),
     "dinov2": Format(
         "facebookresearch/dinov2 dinov2/hub/backbones.py (the README's `*_pretrain.pth` backbone files)",
         wrapper=None,

@@ -43,6 +43,11 @@ VIT_P2 = {
 VIT_P2_PADDED = {**VIT_P2, "args": {**VIT_P2["args"], "dynamic_img_pad": True}}
 
 
+# I-JEPA's blocks on the tiny suite's 8-px digits: its 2-px patches make a 4 x 4 grid, whose target blocks at
+# (0.15, 0.2) of the patches hold 2 (config.yaml's min_keep 4 refuses them); at (0.2, 0.3) they hold 4.
+TINY_IJEPA = {"min_keep": 1, "pred_mask_scale": [0.2, 0.3]}
+
+
 def tiny_vit(**kwargs):
     """TINY_VIT built for 16-px inputs (4 x 4 patches), without a classifier."""
     import timm

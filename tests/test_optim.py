@@ -289,6 +289,28 @@ def test_each_methods_warmup_ramp_is_its_official_formula_at_the_first_and_last_
     assert learning_rate(train, W, steps_per_epoch) == pytest.approx(base)  # then the cosine, from base
 
 
+def test_ijepa_s_warmup_from_start_lr_and_cosine_to_final_lr_are_warmup_cosine_schedule_s():
+    """src/utils/schedulers.py WarmupCosineSchedule at its step counter k (which it has advanced once before
+    the first update: here k is the 0-based step, a one-step shift the method's README states): start_lr
+    + k / W (lr - start_lr) during W warm-up steps, then final_lr + (lr - final_lr)(1 + cos(pi (k - W) /
+    (T - W))) / 2. A group at twice the lr starts and ends at twice the values."""
+    train = {**method_train("ijepa"), "warmup_epochs": 4, "epochs": 30}
+    steps_per_epoch, W, T = 5, 20, 150
+    lr, start, final = train["lr"], train["warmup_start_lr"], train["min_lr"]
+    assert (lr, start, final) == (0.001, 0.0002, 1e-6)  # configs/in1k_vith14_ep300.yaml
+
+    def official(k):
+        if k < W:
+            return start + k / W * (lr - start)
+        return final + (lr - final) * 0.5 * (1.0 + math.cos(math.pi * (k - W) / (T - W)))
+
+    for k in range(T):
+        assert learning_rate(train, k, steps_per_epoch) == pytest.approx(official(k), rel=1e-12), k
+        assert learning_rate(train, k, steps_per_epoch, base=2 * lr) == pytest.approx(
+            2 * official(k), rel=1e-12
+        )
+
+
 def test_fractional_warmups_of_the_default():
     """Barlow Twins / VICReg: 0.3 epochs of 10 steps = 3 steps (0, 1/3, 2/3 of base); DINO's linspace
     over 3 epochs reaches base at step 29; one warm-up step of linspace is its start, 0."""

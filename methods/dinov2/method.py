@@ -26,7 +26,6 @@ dinov2/configs/ssl_default_config.yaml. The evaluated encoder is the teacher's b
 """
 
 import math
-import random
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +38,14 @@ from sslbench.kit.health import distribution_health
 from sslbench.kit.losses import cross_view_cross_entropy, koleo, masked_patch_cross_entropy
 from sslbench.kit.method import DINOHead, Method, embed_crops
 from sslbench.kit.momentum import frozen_copy, without_drop_path
-from sslbench.kit.vit import block_mask, check_masked_vit, mask_share_draws, masked_tokens, vit_layer_id
+from sslbench.kit.vit import (
+    block_mask,
+    check_masked_vit,
+    mask_share_draws,
+    masked_tokens,
+    shared_rng,
+    vit_layer_id,
+)
 
 CONFIG = "methods/dinov2/config.yaml"
 CENTERINGS = ("centering", "sinkhorn_knopp")
@@ -156,8 +162,7 @@ class DINOv2(Method):
         mask_ratio, shuffled, each drawn by MaskingGenerator (blocks of at least min_mask_patches, at most
         max_mask_share of the patches). The whole batch's from rank 0's seed, so that 2 processes compute what
         one computes on the whole batch (the official collate draws each rank's)."""
-        seed = int(dist.broadcast(torch.randint(0, 2**31 - 1, (1,), device=device))[0])
-        rng = random.Random(seed)
+        rng = shared_rng(device)
         everyone = batch * dist.world_size()
         shares = mask_share_draws(self.num_views * everyone, self.mask_probability, self.mask_ratio, rng)
         n = self.grid * self.grid

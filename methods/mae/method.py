@@ -26,7 +26,13 @@ from torch import nn
 
 from sslbench.errors import ConfigError
 from sslbench.kit.method import Method, exclude_bias_and_norm
-from sslbench.kit.vit import batch_draw, check_masked_vit, with_positions
+from sslbench.kit.vit import (
+    batch_draw,
+    check_masked_vit,
+    fix_sincos_positions,
+    sincos_pos_embed,
+    with_positions,
+)
 
 CONFIG = "methods/mae/config.yaml"
 LN_EPS = 1e-6  # models_mae.py: norm_layer=partial(nn.LayerNorm, eps=1e-6)
@@ -80,30 +86,6 @@ def masked_patch_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tens
     return (per_patch * mask).sum() / mask.sum()
 
 
-def sincos_pos_embed(dim: int, grid: tuple[int, int], cls_token: bool) -> torch.Tensor:
-    """[(1 +) h w, dim]: MAE's fixed 2-D sin-cos position embedding (util/pos_embed.py
-    get_2d_sincos_pos_embed) for a grid of h rows and w columns, patches in row-major order: the first
-    half of the channels encodes a patch's column, the second half its row (np.meshgrid(grid_w, grid_h)
-    stacked: grid[0] is the column), each half [sin(pos omega), cos(pos omega)] with
-    omega_i = 1 / 10000^(i / (dim / 4)); with ``cls_token``, a first row of zeros."""
-    if dim % 4:
-        raise ValueError(f"a 2-D sin-cos position embedding needs a width divisible by 4, got {dim}")
-    h, w = grid
-    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim / 4))
-    rows, cols = torch.meshgrid(
-        torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij"
-    )
-
-    def one_axis(pos):
-        angles = pos.reshape(-1, 1) * omega
-        return torch.cat([angles.sin(), angles.cos()], dim=1)
-
-    table = torch.cat([one_axis(cols), one_axis(rows)], dim=1)
-    if cls_token:
-        table = torch.cat([torch.zeros(1, dim, dtype=table.dtype), table])
-    return table.float()
-
-
 class MAE(Method):
     num_views = 1  # main_pretrain.py: one crop + flip per image
 
@@ -133,7 +115,7 @@ class MAE(Method):
                 f"{CONFIG}: decoder_dim {dec_dim} must be divisible by decoder_heads {p['decoder_heads']}"
             )
         if p["sincos_pos_embed"]:
-            self.fix_encoder_pos_embed()
+            fix_sincos_positions(backbone)  # models_mae.py: the encoder's, never trained
 
         # The decoder (models_mae.py "MAE decoder specifics"), initialised as initialize_weights does.
         self.decoder_embed = nn.Linear(enc_dim, dec_dim)
@@ -164,16 +146,6 @@ class MAE(Method):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-
-    def fix_encoder_pos_embed(self):
-        """models_mae.py's encoder position embedding: the fixed 2-D sin-cos table (the class token's
-        row zero), never trained. Replaces the backbone's learned one."""
-        vit = self.backbone
-        grid = tuple(vit.patch_embed.grid_size)
-        table = sincos_pos_embed(vit.pos_embed.shape[-1], grid, cls_token=not vit.no_embed_class)
-        with torch.no_grad():
-            vit.pos_embed.copy_(table[None])
-        vit.pos_embed.requires_grad_(False)
 
     def forward_encoder(self, images, mask_ratio, noise=None):
         """The backbone on the kept patches: (tokens [N, 1 + keep, D] after the final norm, the class

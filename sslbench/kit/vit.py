@@ -1,8 +1,10 @@
-"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT, DINOv2) run it: the checks
-that it can be masked, its class token and position embeddings added to patch tokens, every token with masked
-patches replaced by a mask token (SimMIM, iBOT, DINOv2), the random draw of a whole batch's masks, SimMIM's
-mask of random units of patches, BEiT's block-wise mask (iBOT) and DINOv2's draw of them over a batch, and
-the layer of each parameter that layer-wise lr decay scales (MAE's fine-tuning, DINOv2's pretraining).
+"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT, DINOv2, I-JEPA) run it: the
+checks that it can be masked, the fixed 2-D sin-cos position table (MAE, I-JEPA), its class token and position
+embeddings added to patch tokens, every token with masked patches replaced by a mask token (SimMIM, iBOT,
+DINOv2), the tokens of some patches kept by index (I-JEPA), the random draws every rank makes alike (a whole
+batch's noise, a seeded generator), SimMIM's mask of random units of patches, BEiT's block-wise mask (iBOT)
+and DINOv2's draw of them over a batch, I-JEPA's multi-block context and target masks, and the layer of each
+parameter that layer-wise lr decay scales (MAE's fine-tuning, DINOv2's pretraining).
 
 The encoder trained is the backbone's own modules (patch_embed, the positions, norm_pre, blocks, norm), so
 that the network trained is the network evaluated.
@@ -21,9 +23,11 @@ from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 
 
-def check_masked_vit(backbone: nn.Module, cfg: dict, info, method: str) -> int:
+def check_masked_vit(backbone: nn.Module, cfg: dict, info, method: str, class_token: bool = True) -> int:
     """The backbone must be a timm ViT ``method`` can mask: refuse anything else, naming the key to change.
-    Returns its patch size."""
+    ``class_token``: the encoder has one class token, read after the final norm (timm's defaults); false: it
+    has none, and its features are the mean of its patch tokens, each after the final norm (I-JEPA's). Returns
+    its patch size."""
     name = cfg["backbone"]["name"]
     if not isinstance(backbone, VisionTransformer):
         raise ConfigError(
@@ -33,12 +37,24 @@ def check_masked_vit(backbone: nn.Module, cfg: dict, info, method: str) -> int:
             f"or leave {method.lower()} out of `methods`."
         )
     pool = getattr(backbone, "global_pool", "token")
-    if backbone.cls_token is None or backbone.num_prefix_tokens != 1 or pool != "token":
+    args = cfg["backbone"].get("args") or {}
+    found = (
+        f"`backbone.name` = {name!r} with `backbone.args` {args} has class token "
+        f"{backbone.cls_token is not None}, {backbone.num_prefix_tokens} prefix tokens and global_pool "
+        f"{pool!r}"
+    )
+    if class_token and (backbone.cls_token is None or backbone.num_prefix_tokens != 1 or pool != "token"):
         raise ConfigError(
-            f"{method}'s encoder has one class token, read after the final norm: `backbone.name` = {name!r} "
-            f"with `backbone.args` {cfg['backbone'].get('args') or {}} has class token "
-            f"{backbone.cls_token is not None}, {backbone.num_prefix_tokens} prefix tokens and global_pool "
-            f"{pool!r}. Keep timm's defaults (class_token true, reg_tokens 0, global_pool 'token')."
+            f"{method}'s encoder has one class token, read after the final norm: {found}. Keep timm's "
+            "defaults (class_token true, reg_tokens 0, global_pool 'token')."
+        )
+    if not class_token and (
+        backbone.num_prefix_tokens != 0 or pool != "avg" or not isinstance(backbone.fc_norm, nn.Identity)
+    ):
+        raise ConfigError(
+            f"{method}'s encoder has no class token; its features are the mean of its patch tokens, each "
+            f"after the final norm: {found}. Set `backbone.args` class_token false, global_pool 'avg' and "
+            "fc_norm false, reg_tokens 0."
         )
     if backbone.pos_embed is None or not isinstance(backbone.patch_drop, nn.Identity):
         raise ConfigError(
@@ -59,6 +75,43 @@ def check_masked_vit(backbone: nn.Module, cfg: dict, info, method: str) -> int:
     return ph
 
 
+def sincos_pos_embed(dim: int, grid: tuple[int, int], cls_token: bool) -> torch.Tensor:
+    """[(1 +) h w, dim]: the fixed 2-D sin-cos position embedding of MAE's util/pos_embed.py and I-JEPA's
+    vision_transformer.py (get_2d_sincos_pos_embed) for a grid of h rows and w columns, patches in row-major
+    order: the first half of the channels encodes a patch's column, the second half its row
+    (np.meshgrid(grid_w, grid_h) stacked: grid[0] is the column), each half [sin(pos omega), cos(pos omega)]
+    with omega_i = 1 / 10000^(i / (dim / 4)); with ``cls_token``, a first row of zeros."""
+    if dim % 4:
+        raise ValueError(f"a 2-D sin-cos position embedding needs a width divisible by 4, got {dim}")
+    h, w = grid
+    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim / 4))
+    rows, cols = torch.meshgrid(
+        torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij"
+    )
+
+    def one_axis(pos):
+        angles = pos.reshape(-1, 1) * omega
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+    table = torch.cat([one_axis(cols), one_axis(rows)], dim=1)
+    if cls_token:
+        table = torch.cat([torch.zeros(1, dim, dtype=table.dtype), table])
+    return table.float()
+
+
+def fix_sincos_positions(vit: VisionTransformer) -> None:
+    """The ViT's position embedding replaced by the fixed 2-D sin-cos table of its patch grid (a class token's
+    row zero), never trained: MAE's and I-JEPA's encoders."""
+    grid = tuple(vit.patch_embed.grid_size)
+    prefix_rows = 0 if vit.no_embed_class else vit.num_prefix_tokens
+    if prefix_rows > 1:
+        raise ValueError(f"a sin-cos table has at most a class token's row, the ViT embeds {prefix_rows}")
+    table = sincos_pos_embed(vit.pos_embed.shape[-1], grid, cls_token=prefix_rows == 1)
+    with torch.no_grad():
+        vit.pos_embed.copy_(table[None])
+    vit.pos_embed.requires_grad_(False)
+
+
 def with_positions(vit: VisionTransformer, patches: torch.Tensor) -> torch.Tensor:
     """[N, 1 + L, D]: the class token (plus its position) before the patch tokens [N, L, D] plus theirs, as
     the ViT's own forward adds them (timm's ``_pos_embed``)."""
@@ -77,6 +130,21 @@ def masked_tokens(
         w = mask.reshape(*x.shape[:-1], 1).to(x.dtype)  # the patches in row-major order either way
         x = x * (1 - w) + mask_token.to(x.dtype) * w
     return vit.norm(vit.blocks(vit.norm_pre(with_positions(vit, x))))
+
+
+def keep_patches(tokens: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
+    """[len(masks) N, K, D]: for each mask [N, K] of patch indices, each image's tokens [N, L, D] at them, the
+    masks one after another (I-JEPA's apply_masks)."""
+    dim = tokens.shape[-1]
+    return torch.cat([tokens.gather(1, m.unsqueeze(-1).expand(-1, -1, dim)) for m in masks])
+
+
+@torch.no_grad()
+def shared_rng(device) -> random.Random:
+    """A random.Random every rank seeds alike, from rank 0's draw of the global RNG the trainer seeds: what
+    draws a whole batch's masks, of which each rank takes its own images' (DINOv2, I-JEPA; their official
+    loaders draw each rank's)."""
+    return random.Random(int(dist.broadcast(torch.randint(0, 2**31 - 1, (1,), device=device))[0]))
 
 
 @torch.no_grad()
@@ -173,3 +241,84 @@ def vit_layer_id(name: str, num_blocks: int) -> int:
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1
     return num_blocks + 1
+
+
+def multiblock_block_size(
+    u: float, grid: tuple[int, int], scale: tuple[float, float], aspect: tuple[float, float]
+) -> tuple[int, int]:
+    """I-JEPA's _sample_block_size (src/masks/multiblock.py): one uniform ``u`` sets both the block's share of
+    the patches, scale[0] + u (scale[1] - scale[0]), and its aspect ratio (height / width) the same way;
+    with keep = int(share x patches), h = round(sqrt(keep x ratio)) and w = round(sqrt(keep / ratio)), each
+    at most its side of the grid minus one."""
+    rows, cols = grid
+    keep = int(rows * cols * (scale[0] + u * (scale[1] - scale[0])))
+    ratio = aspect[0] + u * (aspect[1] - aspect[0])
+    return min(round(math.sqrt(keep * ratio)), rows - 1), min(round(math.sqrt(keep / ratio)), cols - 1)
+
+
+def place_block(
+    size: tuple[int, int],
+    grid: tuple[int, int],
+    min_keep: int,
+    rng: random.Random,
+    allowed: list[torch.Tensor] = (),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """I-JEPA's _sample_block_mask: an h x w block whose top-left corner is uniform in [0, rows - h) x
+    [0, cols - w) (torch.randint's bound: it never reaches the last row or column), cut to the ``allowed``
+    regions [rows, cols] (bool), drawn again until it keeps more than ``min_keep`` patches; after every 20
+    failures in a row it drops the last region still applied. Returns (the indices of its patches, row-major,
+    [K] long; where the whole block is not, [rows, cols] bool). A block that keeps too few without any region
+    is an error (the official loop never ends)."""
+    (rows, cols), (h, w) = grid, size
+    failures = 0
+    while True:
+        top, left = rng.randrange(rows - h), rng.randrange(cols - w)
+        block = torch.zeros(rows, cols, dtype=torch.bool)
+        block[top : top + h, left : left + w] = True
+        kept = block.clone()
+        for region in allowed[: max(len(allowed) - failures // 20, 0)]:
+            kept &= region
+        indices = kept.flatten().nonzero().squeeze(1)
+        if len(indices) > min_keep:
+            return indices, ~block
+        failures += 1
+        if failures // 20 > len(allowed):
+            raise ValueError(
+                f"a {h} x {w} block of a {rows} x {cols} grid of patches never keeps more than min_keep "
+                f"{min_keep} patches: lower min_keep or raise the blocks' scale"
+            )
+
+
+def multiblock_masks(
+    batch: int,
+    grid: tuple[int, int],
+    rng: random.Random,
+    pred_scale: tuple[float, float],
+    enc_scale: tuple[float, float],
+    aspect: tuple[float, float],
+    npred: int,
+    nenc: int,
+    min_keep: int,
+    allow_overlap: bool,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """I-JEPA's MaskCollator (src/masks/multiblock.py) for ``batch`` images: one target-block size
+    (``pred_scale``, ``aspect``) and one context-block size (``enc_scale``, square) for the whole batch;
+    for each image ``npred`` target blocks placed anywhere, then ``nenc`` context blocks cut to the patches
+    outside every target block (unless ``allow_overlap``). Each mask's indices are cut to the shortest of
+    the batch (its first, row-major), so that they stack. Returns (context masks [nenc] of [batch, Kc],
+    target masks [npred] of [batch, Kp]), patch indices (long). ``rng`` draws every number."""
+    pred_size = multiblock_block_size(rng.random(), grid, pred_scale, aspect)
+    enc_size = multiblock_block_size(rng.random(), grid, enc_scale, (1.0, 1.0))
+    contexts, targets = [], []
+    for _ in range(batch):
+        placed = [place_block(pred_size, grid, min_keep, rng) for _ in range(npred)]
+        targets.append([indices for indices, _ in placed])
+        allowed = [] if allow_overlap else [outside for _, outside in placed]
+        contexts.append([place_block(enc_size, grid, min_keep, rng, allowed)[0] for _ in range(nenc)])
+
+    def stacked(per_image: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        shortest = min(len(m) for masks in per_image for m in masks)
+        count = len(per_image[0])
+        return [torch.stack([masks[j][:shortest] for masks in per_image]) for j in range(count)]
+
+    return stacked(contexts), stacked(targets)

@@ -66,6 +66,16 @@ OFFICIAL_FIELDS: dict[str, Callable[[], dict]] = {
         "lr": 0.001,
         "temperature": 0.1,
     },
+    "ijepa": lambda: {  # save_checkpoint's entries beside the two encoders (the predictor scaled down)
+        "predictor": linear("module.predictor_embed", 24, 48) | {"module.mask_token": torch.zeros(1, 1, 24)},
+        "opt": {"state": {}, "param_groups": []},
+        "scaler": None,
+        "epoch": 300,
+        "loss": 0.1,
+        "batch_size": 128,
+        "world_size": 16,
+        "lr": 0.001,
+    },
     "densecl": lambda: {"author": "DenseCL"},
     "instdisc": lambda: {
         "epoch": 200,
@@ -244,6 +254,7 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
     ),
     "densecl": lambda state, d: {},  # the released files are the extracted backbone
     "dinov2": lambda state, d: {"mask_token": torch.zeros(1, d)},  # DinoVisionTransformer's [1, D]
+    "ijepa": lambda state, d: {},  # an encoder entry holds the encoder alone (the predictor: its own entry)
     "msn": lambda state, d: (  # init_model's fc: Linear, BN, GELU, Linear, BN, GELU, Linear
         linear("module.fc.fc1", 64, d)
         | batch_norm("module.fc.bn1", 64)

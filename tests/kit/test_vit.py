@@ -10,12 +10,20 @@ import pytest
 import torch
 from support import tiny_vit
 
+from sslbench.errors import ConfigError
 from sslbench.kit.vit import (
     batch_draw,
     block_mask,
+    check_masked_vit,
+    fix_sincos_positions,
+    keep_patches,
     mask_share_draws,
     masked_tokens,
+    multiblock_block_size,
+    multiblock_masks,
+    place_block,
     random_unit_mask,
+    sincos_pos_embed,
     vit_layer_id,
 )
 
@@ -142,3 +150,137 @@ def test_each_vit_parameter_s_layer_embeddings_0_block_i_i_plus_1_the_rest_last(
     assert layers["blocks.0.attn.qkv.weight"] == 1 and layers[f"blocks.{blocks - 1}.mlp.fc2.bias"] == blocks
     assert layers["norm.weight"] == blocks + 1
     assert set(layers.values()) == set(range(blocks + 2))
+
+
+# --- sin-cos tables --------------------------------------------------------------------------------
+
+
+def test_sincos_table_is_util_pos_embed_s_layout():
+    dim, rows, cols = 8, 2, 3
+    table = sincos_pos_embed(dim, (rows, cols), cls_token=True)
+    assert table.shape == (1 + rows * cols, dim)
+    assert not table[0].any()  # the class token's row: zeros
+    omega = [1 / 10000 ** (k / 2) for k in range(2)]  # dim / 4 = 2 frequencies
+    for i in range(rows):
+        for j in range(cols):  # the first half encodes the column (np.meshgrid(grid_w, grid_h)[0])
+            want = [math.sin(j * w) for w in omega] + [math.cos(j * w) for w in omega]
+            want += [math.sin(i * w) for w in omega] + [math.cos(i * w) for w in omega]
+            torch.testing.assert_close(
+                table[1 + i * cols + j].double(), torch.tensor(want, dtype=torch.float64)
+            )
+    assert sincos_pos_embed(dim, (rows, cols), cls_token=False).shape == (rows * cols, dim)
+
+
+def test_a_vit_without_class_token_gets_the_sincos_table_without_its_row_and_never_trains_it():
+    vit = tiny_vit(class_token=False, global_pool="avg", fc_norm=False)
+    fix_sincos_positions(vit)
+    assert torch.equal(vit.pos_embed[0], sincos_pos_embed(48, (4, 4), cls_token=False))
+    assert not vit.pos_embed.requires_grad
+    with_class = tiny_vit()
+    fix_sincos_positions(with_class)
+    assert torch.equal(with_class.pos_embed[0], sincos_pos_embed(48, (4, 4), cls_token=True))
+
+
+def test_an_encoder_without_class_token_must_average_its_normed_patch_tokens():
+    cfg = {"backbone": {"name": "vit_tiny_patch16_224", "args": {}}}
+    info = type("Info", (), {"image_size": 16, "channels": 3})()
+    averaged = tiny_vit(class_token=False, global_pool="avg", fc_norm=False)
+    assert check_masked_vit(averaged, cfg, info, "I-JEPA", class_token=False) == 4
+    for wrong in (tiny_vit(), tiny_vit(class_token=False, global_pool="avg")):  # a class token; a pooled norm
+        with pytest.raises(ConfigError, match="class_token false, global_pool 'avg' and fc_norm false"):
+            check_masked_vit(wrong, cfg, info, "I-JEPA", class_token=False)
+    with pytest.raises(ConfigError, match="one class token"):
+        check_masked_vit(averaged, cfg, info, "MAE")
+
+
+# --- I-JEPA's multi-block masks ------------------------------------------------------------------------
+
+
+def test_keep_patches_takes_each_mask_s_indices_of_each_image_masks_one_after_another():
+    tokens = torch.arange(2 * 4 * 1.0).view(2, 4, 1)  # image b, patch l: 4 b + l
+    masks = [torch.tensor([[0, 3], [1, 2]]), torch.tensor([[2, 2], [0, 0]])]
+    kept = keep_patches(tokens, masks)
+    assert kept[..., 0].tolist() == [[0, 3], [5, 6], [2, 2], [4, 4]]
+
+
+@pytest.mark.parametrize(
+    "u,scale,aspect,size",
+    [  # keep = int(64 share); h = round(sqrt(keep ratio)), w = round(sqrt(keep / ratio)), at most 7
+        (0.0, (0.15, 0.2), (0.75, 1.5), (3, 3)),  # keep 9, ratio 0.75: sqrt(6.75) 2.6, sqrt(12) 3.46
+        (1.0, (0.15, 0.2), (0.75, 1.5), (4, 3)),  # keep int(12.8) 12, ratio 1.5: sqrt(18) 4.24, sqrt(8) 2.83
+        (0.5, (0.15, 0.2), (0.75, 1.5), (4, 3)),  # keep int(11.2) 11, ratio 1.125: sqrt(12.4) 3.5 -> 4 ...
+        (1.0, (0.85, 1.0), (1.0, 1.0), (7, 7)),  # keep 64: 8 x 8, one less than the grid's side
+        (0.0, (0.85, 1.0), (1.0, 1.0), (7, 7)),  # keep int(54.4) 54: round(7.35) 7
+    ],
+)
+def test_a_block_s_size_is_multiblock_s_by_hand(u, scale, aspect, size):
+    assert multiblock_block_size(u, (8, 8), scale, aspect) == size
+
+
+def test_a_block_s_corner_never_reaches_the_last_row_or_column_it_could_and_its_complement_is_the_rest():
+    rng = random.Random(0)
+    corners = set()
+    for _ in range(300):
+        indices, outside = place_block((2, 3), (5, 6), 0, rng)
+        rows, cols = indices // 6, indices % 6
+        top, left = int(rows.min()), int(cols.min())
+        corners.add((top, left))
+        expected = torch.zeros(5, 6, dtype=torch.bool)
+        expected[top : top + 2, left : left + 3] = True
+        assert torch.equal(indices, expected.flatten().nonzero().squeeze(1))  # the block, row-major
+        assert torch.equal(outside, ~expected)
+    assert corners == {(top, left) for top in range(3) for left in range(3)}  # rows and columns 0-2 of 0-3
+
+
+def test_a_context_block_keeps_only_allowed_patches_and_sheds_a_region_after_every_20_failures():
+    rng = random.Random(1)
+    left_half = torch.zeros(4, 4, dtype=torch.bool)
+    left_half[:, :2] = True
+    indices, _ = place_block((3, 3), (4, 4), 2, rng, [left_half])
+    assert (indices % 4 < 2).all() and len(indices) > 2
+    nothing = torch.zeros(4, 4, dtype=torch.bool)  # never more than 2 kept: after 20 tries the region goes
+    indices, _ = place_block((3, 3), (4, 4), 2, rng, [left_half, nothing])  # the last region goes first
+    assert (indices % 4 < 2).all() and len(indices) == 6
+    with pytest.raises(ValueError, match="never keeps more than min_keep 9"):
+        place_block((3, 3), (4, 4), 9, rng)  # 9 patches never keep more than 9: an error, not a loop
+
+
+def test_the_masks_are_the_collator_s_one_size_per_batch_context_outside_targets_cut_to_the_shortest():
+    rng = random.Random(2)
+    settings = {"pred_scale": (0.15, 0.2), "enc_scale": (0.85, 1.0), "aspect": (0.75, 1.5), "npred": 4}
+    context, targets = multiblock_masks(64, (8, 8), rng, nenc=1, min_keep=4, allow_overlap=False, **settings)
+    assert len(context) == 1 and len(targets) == 4
+    assert {t.shape[0] for t in [*context, *targets]} == {64}
+    sizes = {multiblock_block_size(u, (8, 8), (0.15, 0.2), (0.75, 1.5)) for u in (0.0, 0.5, 1.0)}
+    assert targets[0].shape[1] <= max(h * w for h, w in sizes)
+    for b in range(64):
+        tgt = {int(i) for t in targets for i in t[b]}
+        assert not tgt & {int(i) for i in context[0][b]}  # the context holds no target's patch
+        assert (context[0][b] < 7 * 8).all() and (context[0][b] % 8 < 7).all()  # the 7 x 7 block at (0, 0)
+    for m in [*context, *targets]:
+        assert (m.diff(dim=1) > 0).all()  # each a block's first patches, row-major
+    overlapping = multiblock_masks(
+        64, (8, 8), random.Random(2), nenc=1, min_keep=4, allow_overlap=True, **settings
+    )
+    assert overlapping[0][0].shape[1] == 49  # allow_overlap: the whole 7 x 7 context block
+
+
+def test_the_masks_are_cut_to_the_shortest_of_the_batch_by_replaying_the_collator_s_draws():
+    settings = {"pred_scale": (0.15, 0.2), "enc_scale": (0.85, 1.0), "aspect": (0.75, 1.5)}
+    context, targets = multiblock_masks(
+        32, (8, 8), random.Random(3), npred=4, nenc=1, min_keep=4, allow_overlap=False, **settings
+    )
+    rng = random.Random(3)  # the same draws, in the collator's order, uncut
+    pred = multiblock_block_size(rng.random(), (8, 8), settings["pred_scale"], settings["aspect"])
+    enc = multiblock_block_size(rng.random(), (8, 8), settings["enc_scale"], (1.0, 1.0))
+    whole_contexts, whole_targets = [], []
+    for _ in range(32):
+        placed = [place_block(pred, (8, 8), 4, rng) for _ in range(4)]
+        whole_targets.append([indices for indices, _ in placed])
+        whole_contexts.append(place_block(enc, (8, 8), 4, rng, [outside for _, outside in placed])[0])
+    shortest = min(len(c) for c in whole_contexts)
+    assert context[0].shape == (32, shortest) and len({len(c) for c in whole_contexts}) > 1  # some were cut
+    for b in range(32):
+        assert torch.equal(context[0][b], whole_contexts[b][:shortest])
+        for j in range(4):  # the targets are whole blocks of one size: nothing to cut
+            assert torch.equal(targets[j][b], whole_targets[b][j])

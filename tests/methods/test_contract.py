@@ -18,7 +18,7 @@ import warnings
 
 import pytest
 import torch
-from support import METHODS_DIR, TINY_VIT, VIT_OVERRIDES, contract_folders, tiny_suite_config
+from support import METHODS_DIR, TINY_IJEPA, TINY_VIT, VIT_OVERRIDES, contract_folders, tiny_suite_config
 from torch import nn
 
 from sslbench.errors import ConfigError
@@ -36,6 +36,8 @@ BACKBONES = {"resnet": None, "vit": TINY_VIT}
 
 def contract_config(name: str, backbone: dict | None = None, **overrides) -> dict:
     suite = tiny_suite_config(batch_size=BATCH)
+    if name == "ijepa":
+        overrides = TINY_IJEPA | overrides
     if backbone is not None:
         suite["backbone"] |= copy.deepcopy(backbone)
         overrides = VIT_OVERRIDES.get(name, {}) | overrides

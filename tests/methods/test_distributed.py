@@ -47,6 +47,7 @@ import torch
 from support import (
     METHODS_DIR,
     REPO,
+    TINY_IJEPA,
     TINY_VIT,
     VIT_OVERRIDES,
     contract_folders,
@@ -77,6 +78,7 @@ OWN_SETTINGS = {
     "msn": SGD_STEP,
     "ibot": SGD_STEP,
     "dinov2": SGD_STEP,
+    "ijepa": {**TINY_IJEPA, **SGD_STEP},
     "mmcr": SGD_STEP,
     "visreg": SGD_STEP,
     "wmse": {"proj_dim": 8, "w_size": 16, **SGD_STEP},
@@ -87,11 +89,12 @@ CASES = {method: (method, OWN_SETTINGS.get(method, {})) for method in FOLDERS} |
     # differ between the ranks), a head of its own for the patches
     "dinov2-sinkhorn": ("dinov2", {"centering": "sinkhorn_knopp", "separate_head": True, **SGD_STEP}),
 }
-# Every method on a tiny ViT too (pixels has no backbone to swap)
+# Every method on a tiny ViT too (pixels has no backbone to swap; I-JEPA's own case is its ViT, without a
+# class token, whose 2-px patches its blocks need)
 CASES |= {
     f"{method}-vit": (method, {**VIT_OVERRIDES.get(method, {}), "backbone": TINY_VIT, **CASES[method][1]})
     for method in FOLDERS
-    if method != "pixels"
+    if method not in ("pixels", "ijepa")
 }
 GLOBAL_BATCH = 32  # 16 per rank: several images per class on each rank (SupCon's positives)
 HOOK_EPOCH = 4

@@ -168,25 +168,6 @@ def test_norm_pix_targets_have_per_patch_mean_0_and_unbiased_variance_1():
     torch.testing.assert_close(normed.var(-1, unbiased=True), torch.ones(4, 9, dtype=torch.float64))
 
 
-# --- sin-cos tables --------------------------------------------------------------------------------
-
-
-def test_sincos_table_is_util_pos_embed_s_layout():
-    dim, rows, cols = 8, 2, 3
-    table = mae.sincos_pos_embed(dim, (rows, cols), cls_token=True)
-    assert table.shape == (1 + rows * cols, dim)
-    assert not table[0].any()  # the class token's row: zeros
-    omega = [1 / 10000 ** (k / 2) for k in range(2)]  # dim / 4 = 2 frequencies
-    for i in range(rows):
-        for j in range(cols):  # the first half encodes the column (np.meshgrid(grid_w, grid_h)[0])
-            want = [math.sin(j * w) for w in omega] + [math.cos(j * w) for w in omega]
-            want += [math.sin(i * w) for w in omega] + [math.cos(i * w) for w in omega]
-            torch.testing.assert_close(
-                table[1 + i * cols + j].double(), torch.tensor(want, dtype=torch.float64)
-            )
-    assert mae.sincos_pos_embed(dim, (rows, cols), cls_token=False).shape == (rows * cols, dim)
-
-
 # --- the encoder -----------------------------------------------------------------------------------
 
 

@@ -301,6 +301,37 @@ def test_msn_checkpoint_target_encoder_by_default_the_online_encoder_on_request(
     )
 
 
+def test_an_ijepa_checkpoint_s_target_encoder_by_default_the_context_encoder_on_request(tmp_path):
+    # IN1K-vit.h.14-300e.pth.tar: src/train.py's save_checkpoint, three DDP-wrapped networks and the rest;
+    # a ViT without a class token, its patch tokens averaged (4 x 4 patches of 8 px here)
+    args = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 48, "num_heads": 3, "num_classes": 0}
+    args |= {"class_token": False, "global_pool": "avg", "fc_norm": False}
+    networks = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        networks.append(timm.create_model("vit_tiny_patch16_224", **args).eval())
+        with torch.no_grad():
+            for value in networks[-1].state_dict().values():
+                value.normal_(0, 0.1)
+    target, online = networks
+    path = write_official(target.state_dict(), "ijepa", tmp_path / "IN1K-vit.h.14-300e.pth.tar")
+    checkpoint = torch.load(path, weights_only=False)
+    checkpoint["encoder"] = prefixed("module.", online.state_dict())
+    torch.save(checkpoint, path)
+    assert checkpoint["target_encoder"]["module.pos_embed"].shape == (1, 16, 48)  # no class token's row
+    assert "module.predictor_embed.weight" in checkpoint["predictor"]
+
+    def fresh():
+        return timm.create_model("vit_tiny_patch16_224", **args)
+
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "ijepa"), path), target)
+    assert_same_backbone(load_backbone(fresh(), backbone_state(path, "ijepa", part="encoder"), path), online)
+    with pytest.raises(
+        ReleasedWeightsError, match="cls_token"
+    ):  # a ViT with a class token: its key is missing
+        load_backbone(fresh_vit(), backbone_state(path, "ijepa"), path)
+
+
 def test_a_dinov2_hub_file_loads_into_timm_s_vit_with_layer_scale_and_518_px_positions(tmp_path):
     # dinov2_vits14_pretrain.pth: DinoVisionTransformer's state dict, timm's names, its mask token beside
     # them, position embeddings of 37 x 37 patches; a small one here (4 x 4 patches of 8 px, 32-px inputs)

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from support import METHODS_DIR, require
+from support import METHODS_DIR, TINY_IJEPA, require
 
 from sslbench import atomic, cli
 from sslbench.optim import TrainingDiverged, learning_rate, make_optimizer, uses_fused_optimizer
@@ -87,6 +87,7 @@ def live_state(method) -> dict:
         ("visreg", {"num_slices": 16}),
         # masks drawn inside every step, the teacher temperature warming up per step
         ("dinov2", {"out_dim": 32, "hidden_dim": 24, "bottleneck_dim": 12, "warmup_teacher_temp_epochs": 2}),
+        ("ijepa", TINY_IJEPA),  # masks drawn inside every step, the warm-up from warmup_start_lr
     ],
 )
 def test_fit_resumes_a_killed_run_rather_than_retraining_it(tmp_path, method_config, method, overrides):
