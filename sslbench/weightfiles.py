@@ -78,6 +78,24 @@ FORMATS: dict[str, Format] = {
         also_strips=("backbone.",),
         drop=("module.head.", "head."),
     ),
+    "ibot": Format(
+        "bytedance/ibot utils.py load_pretrained_weights (evaluation/eval_knn.py, eval_linear.py)",
+        wrapper="teacher",
+        parts=("teacher", "student"),  # checkpoint.pth, the "full ckpt"
+        # checkpoint_teacher.pth, "backbone (t)": extract_backbone_weights.py's {"state_dict": the backbone}
+        also_reads=("state_dict",),
+        prefix="module.backbone.",
+        also_strips=("backbone.",),
+        # the heads, and masked_embed: the backbone's token for masked patches in pretraining
+        drop=(
+            "module.head.",
+            "head.",
+            "module.backbone.masked_embed",
+            "backbone.masked_embed",
+            "masked_embed",
+        ),
+        note="the encoder is models/vision_transformer.py's ViT (DINO's), whose key names are timm's",
+    ),
     "barlowtwins": Format(
         "facebookresearch/barlowtwins evaluate.py (resnet50.pth), main.py (checkpoint.pth)",
         wrapper="model",

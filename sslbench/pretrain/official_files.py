@@ -48,6 +48,12 @@ OFFICIAL_FIELDS: dict[str, Callable[[], dict]] = {
         "args": argparse.Namespace(arch="resnet50", out_dim=60, epochs=800),  # out_dim scaled down
         "dino_loss": {"center": torch.zeros(1, 60)},
     },
+    "ibot": lambda: {  # main_ibot.py's save_dict beside the two networks (out_dim scaled down)
+        "optimizer": sgd_state(0.0005),
+        "epoch": 800,
+        "args": argparse.Namespace(arch="vit_small", out_dim=60, epochs=800),
+        "ibot_loss": {"center": torch.zeros(1, 60), "center2": torch.zeros(1, 1, 60)},
+    },
     "barlowtwins": lambda: {"epoch": 1000, "optimizer": sgd_state(0.2)},
     "vicreg": lambda: {"epoch": 1000, "optimizer": sgd_state(0.2)},
     "supcon": lambda: {
@@ -238,6 +244,7 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
     "deepclusterv2": lambda state, d: swav_heads(state, d, heads=3),
     "selav2": swav_heads,
     "dino": dino_heads,
+    "ibot": lambda state, d: dino_heads(state, d) | {"module.backbone.masked_embed": torch.zeros(1, d)},
     "barlowtwins": lambda state, d: (
         projector("module.projector", d, 64, bias=False) | batch_norm("module.bn", 64, False)
     ),

@@ -301,6 +301,35 @@ def test_msn_checkpoint_target_encoder_by_default_the_online_encoder_on_request(
     )
 
 
+def test_an_ibot_checkpoint_s_teacher_by_default_the_student_on_request_and_the_teacher_s_file(tmp_path):
+    # checkpoint.pth: main_ibot.py's save_dict, the student DDP-wrapped and the teacher not (a ViT has no
+    # batch norm), each a MultiCropWrapper (backbone., head.) whose backbone keeps masked_embed;
+    # checkpoint_teacher.pth: extract_backbone_weights.py's file, the teacher's backbone under state_dict
+    teacher, student = tiny_vit(1), tiny_vit(2)
+    heads = {"head.mlp.0.weight": torch.randn(64, 48), "head.last_layer.weight_v": torch.randn(60, 32)}
+    masked = {"backbone.masked_embed": torch.zeros(1, 48)}
+    path = tmp_path / "checkpoint.pth"
+    torch.save(
+        {
+            "student": prefixed("module.", prefixed("backbone.", student.state_dict()) | masked | heads),
+            "teacher": prefixed("backbone.", teacher.state_dict()) | masked | heads,
+            "optimizer": {"state": {}, "param_groups": []},
+            "epoch": 800,
+            "ibot_loss": {"center": torch.zeros(1, 60), "center2": torch.zeros(1, 1, 60)},
+        },
+        path,
+    )
+    assert_same_backbone(load_backbone(fresh_vit(), backbone_state(path, "ibot"), path), teacher)
+    assert_same_backbone(
+        load_backbone(fresh_vit(), backbone_state(path, "ibot", part="student"), path), student
+    )
+    backbone_file = tmp_path / "checkpoint_teacher.pth"
+    torch.save({"state_dict": teacher.state_dict() | {"masked_embed": torch.zeros(1, 48)}}, backbone_file)
+    assert_same_backbone(
+        load_backbone(fresh_vit(), backbone_state(backbone_file, "ibot"), backbone_file), teacher
+    )
+
+
 def test_an_ijepa_checkpoint_s_target_encoder_by_default_the_context_encoder_on_request(tmp_path):
     # IN1K-vit.h.14-300e.pth.tar: src/train.py's save_checkpoint, three DDP-wrapped networks and the rest;
     # a ViT without a class token, its patch tokens averaged (4 x 4 patches of 8 px here)
