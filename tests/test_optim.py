@@ -311,6 +311,41 @@ def test_ijepa_s_warmup_from_start_lr_and_cosine_to_final_lr_are_warmup_cosine_s
         )
 
 
+def cosine_to(fraction: float, steps: int):
+    """VISReg's train.py cosine_factor: the lr's factor at a step of the cosine, from 1 to ``fraction``."""
+    return lambda t: fraction + 0.5 * (1 - fraction) * (1 + math.cos(math.pi * min(t, steps) / steps))
+
+
+# Each method's official schedule as torch's schedulers run it: SequentialLR(LinearLR, then a cosine)
+OFFICIAL_SCHEDULERS = {
+    # MINIMAL.md: LinearLR(start_factor 0.01), CosineAnnealingLR to eta_min (README.md: lr / 1000)
+    "lejepa": lambda opt, lr, W, T: [
+        torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=W),
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=T - W, eta_min=lr / 1000),
+    ],
+    # train.py: LinearLR(start_factor 0.001), LambdaLR(cosine_factor) to lr / final_lr_div (1000)
+    "visreg": lambda opt, lr, W, T: [
+        torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.001, total_iters=W),
+        torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=cosine_to(1 / 1000, T - W)),
+    ],
+}
+
+
+@pytest.mark.parametrize("method", OFFICIAL_SCHEDULERS)
+def test_each_schedule_is_its_official_code_s_torch_schedulers_step_by_step(method):
+    train = {**method_train(method), "epochs": 6}
+    steps_per_epoch, lr = 7, train["lr"]
+    W, T = steps_per_epoch * train["warmup_epochs"], steps_per_epoch * 6
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    official = torch.optim.lr_scheduler.SequentialLR(opt, OFFICIAL_SCHEDULERS[method](opt, lr, W, T), [W])
+    for k in range(T):
+        assert learning_rate(train, k, steps_per_epoch) == pytest.approx(
+            opt.param_groups[0]["lr"], rel=1e-9
+        ), k
+        opt.step()
+        official.step()
+
+
 def test_fractional_warmups_of_the_default():
     """Barlow Twins / VICReg: 0.3 epochs of 10 steps = 3 steps (0, 1/3, 2/3 of base); DINO's linspace
     over 3 epochs reaches base at step 29; one warm-up step of linspace is its start, 0."""
