@@ -98,6 +98,12 @@ def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
     return count
 
 
+def at_group_scale(schedule: dict, key: str, base: float) -> float:
+    """The schedule's ``key`` (an lr: the warm-up's start, the cosine's end; 0 when absent) for a group
+    whose lr is ``base``: scaled by base / lr, as the group's whole curve is."""
+    return schedule.get(key, 0.0) * base / schedule["lr"] if schedule["lr"] else 0.0
+
+
 def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float | None = None) -> float:
     """Linear warm-up (``warmup_ramp``: see the module docstring), then cosine to zero (or to
     ``min_lr``), steps at milestones (x ``step_factor`` at each, default 0.1), or constant.
@@ -114,21 +120,21 @@ def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float |
     warmup = schedule.get("warmup_epochs", 0)
     if epoch < warmup:
         ramp = schedule["warmup_ramp"]
-        start = schedule.get("warmup_start_lr", 0.0) * base / schedule["lr"] if schedule["lr"] else 0.0
+        start = at_group_scale(schedule, "warmup_start_lr", base)
         if ramp == "linear":
             return start + (base - start) * epoch / warmup
         if ramp == "linspace":
             last = warmup_steps(warmup, steps_per_epoch) - 1
-            return (
-                start + (base - start) * step / last if last > 0 else start
-            )  # numpy's linspace of one value
+            if last <= 0:  # numpy's linspace of one value: its start
+                return start
+            return start + (base - start) * step / last
         raise ConfigError(
             f"config key `train.warmup_ramp`: unknown ramp {ramp!r}; known: {', '.join(WARMUP_RAMPS)}"
         )
     kind = schedule["schedule"]
     if kind == "cosine":
         progress = (epoch - warmup) / max(1e-12, schedule["epochs"] - warmup)
-        floor = schedule.get("min_lr", 0.0) * base / schedule["lr"] if schedule["lr"] else 0.0
+        floor = at_group_scale(schedule, "min_lr", base)
         return floor + (base - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     if kind == "step":
         # factor ** k, as before the setting (0.1 ** k at the default: the same float operations)

@@ -74,9 +74,8 @@ class Predictor(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-        with (
-            torch.no_grad()
-        ):  # fix_init_weight: each block's output projections / sqrt(2 x its layer, from 1)
+        # fix_init_weight: each block's output projections / sqrt(2 x its layer, from 1)
+        with torch.no_grad():
             for layer, block in enumerate(self.blocks, start=1):
                 block.attn.proj.weight.div_((2.0 * layer) ** 0.5)
                 block.mlp.fc2.weight.div_((2.0 * layer) ** 0.5)
