@@ -313,10 +313,15 @@ def proto_nce(
 
 
 def cross_view_cross_entropy(
-    targets: Sequence[torch.Tensor], logits: Sequence[torch.Tensor], temperature: float
+    targets: Sequence[torch.Tensor],
+    logits: Sequence[torch.Tensor],
+    temperature: float,
+    view_weights: Sequence[float] | None = None,
 ) -> torch.Tensor:
     """The mean over the pairs (i, v), v != i, of the batch mean of the cross-entropy
-    -sum_k targets[i]_bk log softmax(logits[v]_b / temperature)_k.
+    -sum_k targets[i]_bk log softmax(logits[v]_b / temperature)_k, each pair's term times view v's weight
+    where `view_weights` gives one per view (DINOv3's local crops' weight; the mean is still over the
+    pairs).
 
     targets[i] [B, K] is view i's target distribution (used as given: detach it), logits[v] [B, K]
     view v's scores, for the V >= len(targets) views. SwAV's swapped prediction (main_swav.py: the
@@ -331,9 +336,13 @@ def cross_view_cross_entropy(
             f"got {len(targets)} targets and {len(logits)} views"
         )
     _require_positive("temperature", temperature)
+    if view_weights is not None and len(view_weights) != len(logits):
+        raise ValueError(
+            f"cross_view_cross_entropy: {len(view_weights)} view weights for {len(logits)} views"
+        )
     log_probs = [F.log_softmax(x / temperature, dim=1) for x in logits]
     terms = [
-        -(target * log_probs[v]).sum(dim=1).mean()
+        -(target * log_probs[v]).sum(dim=1).mean() * (1.0 if view_weights is None else view_weights[v])
         for i, target in enumerate(targets)
         for v in range(len(logits))
         if v != i

@@ -5,21 +5,18 @@ draws them, the per-step teacher-temperature warm-up, the layer-decayed paramete
 module and the evaluated encoder. KoLeo and the balanced assignment are pinned in tests/kit; under 2 processes
 everything is one process's on the whole batch: tests/methods/test_distributed.py."""
 
-import inspect
 import math
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
-from support import METHODS_DIR, VIT_P2_PADDED, random_views
+from support import VIT_P2_PADDED, random_views
 
 from sslbench.errors import ConfigError
 from sslbench.kit.losses import koleo, masked_patch_cross_entropy
 from sslbench.kit.method import EpochContext
-from sslbench.kit.vit import masked_tokens
-from sslbench.plugins import load_method_class
-
-dinov2 = inspect.getmodule(load_method_class(METHODS_DIR / "dinov2"))
+from sslbench.kit.vit import mask_share_draws, masked_tokens
 
 BATCH = 8
 OUT = 32
@@ -138,7 +135,7 @@ def test_half_the_global_crops_are_masked_each_with_a_share_from_its_own_bin(vit
         # official MaskingGenerator, whose blocks aim at 4 patches or more)
         assert 28 <= int((counts > 0).sum()) <= 32
         assert counts.max() <= 8  # a share at most 0.5 of the 16 patches
-    shares = dinov2.mask_share_draws(8, 0.5, (0.1, 0.5), __import__("random").Random(0))
+    shares = mask_share_draws(8, 0.5, (0.1, 0.5), random.Random(0))
     drawn = sorted(s for s in shares if s > 0)
     assert len(drawn) == 4 and shares.count(0.0) == 4
     for i, s in enumerate(drawn):  # one share in each of the bins [0.1, 0.2), [0.2, 0.3), ...

@@ -1,0 +1,252 @@
+"""DINOv2's masked self-distillation (Oquab et al., TMLR 2024; facebookresearch/dinov2), the step that DINOv3
+builds on: a student ViT with a class-token head and a patch head, its EMA teacher, the teacher's targets
+(a running-mean centring or Sinkhorn-Knopp), the block-wise masks of the global crops, the three loss terms
+(DINO's on the class tokens, iBOT's on the masked patches, KoLeo), the layer-decayed parameter groups, the
+clipping per module and the frozen last layers. A method subclasses `MaskedSelfDistillation` and writes its
+loss from `distillation_terms`; the settings are DINOv2's `config.yaml` keys."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sslbench import distributed as dist
+from sslbench.errors import ConfigError
+from sslbench.kit.clustering import balanced_assignment
+from sslbench.kit.health import distribution_health
+from sslbench.kit.losses import cross_view_cross_entropy, koleo, masked_patch_cross_entropy
+from sslbench.kit.method import DINOHead, Method, embed_crops
+from sslbench.kit.momentum import frozen_copy, without_drop_path
+from sslbench.kit.vit import (
+    block_mask,
+    check_masked_vit,
+    mask_share_draws,
+    masked_tokens,
+    shared_rng,
+    vit_layer_id,
+)
+
+CENTERINGS = ("centering", "sinkhorn_knopp")
+
+
+@dataclass
+class DistillationTerms:
+    """One batch's loss terms, and what a method adds its own terms from: the student's tokens of the masked
+    global crops [2B, 1 + L, D] (after the final norm) and the masks [2B, L]."""
+
+    dino: torch.Tensor
+    koleo: torch.Tensor
+    ibot: torch.Tensor
+    student_tokens: torch.Tensor
+    masks: torch.Tensor
+
+
+def head(p: dict, feature_dim: int, out_dim: int) -> DINOHead:
+    """DINOv2's DINOHead: DINO's, its last layer's norms trained (no norm_last_layer), no batch norm."""
+    return DINOHead(
+        feature_dim, out_dim, p["hidden_dim"], p["bottleneck_dim"], 3, use_bn=False, norm_last_layer=False
+    )
+
+
+class MaskedSelfDistillation(Method):
+    config_file = "methods/dinov2/config.yaml"  # the subclass's, named in its errors
+    num_views = 2  # the global crops, the teacher's only input and the only ones masked
+    multi_crop = True
+
+    def __init__(self, backbone, info, cfg):
+        super().__init__(backbone, info, cfg)
+        p = cfg["params"]
+        if p["centering"] not in CENTERINGS:
+            raise ConfigError(
+                f"{self.config_file}: centering must be one of {CENTERINGS}, got {p['centering']!r}"
+            )
+        self.patch = check_masked_vit(backbone, cfg, info, "DINOv2")
+        self.grid = info.image_size // self.patch
+        # [dino head, ibot head]; separate_head false (ssl_default_config): the patches take the class token's
+        self.heads = nn.ModuleList([head(p, self.feature_dim, p["out_dim"])])
+        if p["separate_head"]:
+            self.heads.append(head(p, self.feature_dim, p["ibot_out_dim"]))
+        # the backbone's mask_token in DINOv2 (zeros at first): a parameter of the method here
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, self.feature_dim))
+        # [backbone, dino head(, ibot head)]; build_model_from_cfg: the teacher has no drop path
+        self.teacher = without_drop_path(frozen_copy([self.backbone, *self.heads]))
+        self.register_buffer("center", torch.zeros(1, p["out_dim"]))
+        self.register_buffer("center2", torch.zeros(1, self.ibot_head.last_layer.out_features))
+        self.centering, self.center_momentum = p["centering"], float(p["center_momentum"])
+        self.student_temp = float(p["student_temp"])
+        self.teacher_temps = (float(p["warmup_teacher_temp"]), float(p["teacher_temp"]))
+        self.warmup_teacher_temp_epochs = float(p["warmup_teacher_temp_epochs"])
+        self.weights = {k: float(p[f"{k}_loss_weight"]) for k in ("dino", "koleo", "ibot")}
+        self.mask_probability, self.mask_ratio = float(p["mask_probability"]), tuple(p["mask_ratio"])
+        if not 0 <= self.mask_ratio[0] <= self.mask_ratio[1] <= 1:
+            raise ConfigError(
+                f"{self.config_file}: mask_ratio must be [low, high] with 0 <= low <= high <= 1"
+            )
+        self.log_aspect = (math.log(p["mask_min_aspect"]), -math.log(p["mask_min_aspect"]))
+        self.min_mask_patches = int(p["min_mask_patches"])
+        self.max_mask_patches = float(p["max_mask_share"]) * self.grid * self.grid
+        self.layer_decay, self.patch_embed_lr_mult = float(p["layer_decay"]), float(p["patch_embed_lr_mult"])
+        self.clip_grad, self.freeze_last_layer = float(p["clip_grad"]), int(p["freeze_last_layer"])
+        self.teacher_temp = self.teacher_temperature(0, 1)
+
+    @property
+    def dino_head(self) -> DINOHead:
+        return self.heads[0]
+
+    @property
+    def ibot_head(self) -> DINOHead:
+        return self.heads[-1]
+
+    def teacher_temperature(self, step: int, steps_per_epoch: int) -> float:
+        """train.py's teacher_temp schedule, per step: np.linspace(warmup_teacher_temp, teacher_temp, warm-up
+        steps) over the warm-up epochs' steps, then teacher_temp."""
+        start, end = self.teacher_temps
+        warmup = int(self.warmup_teacher_temp_epochs * steps_per_epoch)
+        if step >= warmup:
+            return end
+        return start + (end - start) * step / max(1, warmup - 1)
+
+    def distillation_terms(self, views, local_weight: float = 1.0) -> DistillationTerms:
+        """ssl_meta_arch.py's forward_backward up to the weighted sum: the global crops masked, the teacher's
+        targets, DINO's term (the mean over the pairs; `local_weight` scales the local crops' pairs, as
+        DINOv3's reweighting does), KoLeo summed over the global crops, iBOT's term."""
+        globals_, locals_ = views[: self.num_views], views[self.num_views :]
+        masks = self.draw_masks(globals_[0].shape[0], globals_[0].device).flatten(1)  # [2B, L]
+        with torch.no_grad():
+            tokens = masked_tokens(self.teacher[0], torch.cat(globals_))
+            teacher_cls = self.teacher[1](tokens[:, 0])
+            teacher_patches = self.teacher[-1](tokens[:, 1:][masks])  # [M, K2]: the masked patches only
+        student = masked_tokens(self.backbone, torch.cat(globals_), masks, self.mask_token)
+        student_cls = list(self.dino_head(student[:, 0]).chunk(self.num_views))
+        if locals_:
+            student_cls += embed_crops(self.backbone, locals_, head=self.dino_head)
+        view_weights = None
+        if local_weight != 1.0:
+            view_weights = [1.0] * self.num_views + [local_weight] * len(locals_)
+        targets, patch_targets = self.teacher_targets(teacher_cls, teacher_patches)
+        loss_dino = cross_view_cross_entropy(
+            targets.chunk(self.num_views), student_cls, self.student_temp, view_weights
+        )
+        loss_koleo = sum(koleo(dist.gather_with_grad(c)) for c in student[:, 0].chunk(self.num_views))
+        patch_logits = self.ibot_head(student[:, 1:][masks]) / self.student_temp
+        loss_ibot = masked_patch_cross_entropy(patch_targets, patch_logits, masks)
+        return DistillationTerms(loss_dino, loss_koleo, loss_ibot, student, masks)
+
+    @torch.no_grad()
+    def teacher_targets(self, cls: torch.Tensor, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's class-token [2B, K] and masked-patch [M, K2] distributions. `centering`: softmax((t -
+        c) / tau_t), then each centre moves 0.9 towards the mean output over every rank (the patches': over
+        every rank's masked patches); `sinkhorn_knopp`: three Sinkhorn-Knopp iterations of exp(t / tau_t)
+        over every rank's rows, the patches' over every rank's masked patches."""
+        tau = self.teacher_temp
+        count = int(dist.all_reduce_sum(torch.tensor([float(patches.shape[0])], device=patches.device))[0])
+        if self.centering == "sinkhorn_knopp":
+            return (
+                balanced_assignment(torch.exp(cls.float() / tau)),
+                balanced_assignment(torch.exp(patches.float() / tau), num_samples=count),
+            )
+        targets = (
+            F.softmax((cls - self.center) / tau, dim=-1),
+            F.softmax((patches - self.center2) / tau, dim=-1),
+        )
+        cls_mean = dist.all_reduce_sum(cls.float().sum(dim=0, keepdim=True)) / (
+            cls.shape[0] * dist.world_size()
+        )
+        patch_mean = dist.all_reduce_sum(patches.float().sum(dim=0, keepdim=True)) / max(count, 1)
+        self.center.mul_(self.center_momentum).add_(cls_mean, alpha=1 - self.center_momentum)
+        self.center2.mul_(self.center_momentum).add_(patch_mean, alpha=1 - self.center_momentum)
+        return targets
+
+    @torch.no_grad()
+    def draw_masks(self, batch: int, device) -> torch.Tensor:
+        """[num_views x batch, h, w] bool: collate_data_and_cast's masks of every global crop of this rank's
+        images (view-major): int(crops x mask_probability) of the crops masked, shares in equal bins of
+        mask_ratio, shuffled, each drawn by MaskingGenerator (blocks of at least min_mask_patches, at most
+        max_mask_share of the patches). The whole batch's from rank 0's seed, so that 2 processes compute what
+        one computes on the whole batch (the official collate draws each rank's)."""
+        rng = shared_rng(device)
+        everyone = batch * dist.world_size()
+        shares = mask_share_draws(self.num_views * everyone, self.mask_probability, self.mask_ratio, rng)
+        n = self.grid * self.grid
+        masks = torch.stack(
+            [
+                block_mask(
+                    self.grid,
+                    self.grid,
+                    int(n * share),
+                    self.log_aspect,
+                    rng,
+                    min_area=self.min_mask_patches,
+                    max_area=self.max_mask_patches,
+                )
+                for share in shares
+            ]
+        ).view(self.num_views, everyone, self.grid, self.grid)
+        mine = masks[:, dist.rank() * batch : (dist.rank() + 1) * batch]
+        return mine.reshape(-1, self.grid, self.grid).to(device)
+
+    def param_groups(self):
+        """get_params_groups_with_decay: each student parameter's lr x layer_decay ** (L + 1 - its layer)
+        (the heads': 1), x patch_embed_lr_mult in the patch embedding; no weight decay on biases and on
+        names with `norm` or `gamma`."""
+        num_blocks = len(self.backbone.blocks)
+        named = [(n, p, True) for n, p in self.backbone.named_parameters()] + [
+            ("mask_token", self.mask_token, True)
+        ]
+        named += [(n, p, False) for n, p in self.heads.named_parameters()]
+        groups: dict[tuple[float, bool], dict] = {}
+        for name, param, in_backbone in named:
+            layer = vit_layer_id(name, num_blocks) if in_backbone else num_blocks + 1
+            scale = self.layer_decay ** (num_blocks + 1 - layer)
+            if "patch_embed" in name:
+                scale *= self.patch_embed_lr_mult
+            decay = not (name.endswith(".bias") or "norm" in name or "gamma" in name)
+            group = groups.setdefault((scale, decay), {"params": [], "lr_scale": scale})
+            if not decay:
+                group["weight_decay"] = 0.0
+            group["params"].append(param)
+        return list(groups.values())
+
+    def encoder(self):
+        return self.teacher[0]
+
+    def projection_head(self):
+        """The teacher's class-token head, on the teacher backbone that encoder() evaluates."""
+        return self.teacher[1].mlp
+
+    @torch.no_grad()
+    def health(self, forward_train_set):
+        """The teacher's sharpened class-token output on the train split (the monitors'), centred by the
+        running centre (zero under Sinkhorn-Knopp, whose targets need a batch): its mean entropy and how many
+        of its K outputs the images' argmaxes use."""
+        teacher = nn.Sequential(self.teacher[0], self.teacher[1])
+        mean_entropy, usage = distribution_health(
+            forward_train_set,
+            lambda x: F.softmax((teacher(x).float() - self.center) / self.teacher_temp, dim=-1),
+            self.center.shape[1],
+        )
+        return {"teacher_entropy": mean_entropy, "teacher_usage": usage}
+
+    def momentum_pairs(self):
+        return [([self.backbone, *self.heads], self.teacher)]
+
+    def on_epoch_start(self, ctx):
+        self.teacher_temp = self.teacher_temperature(ctx.step, ctx.steps_per_epoch)
+        ctx.log["teacher_temp"] = self.teacher_temp
+
+    def on_before_step(self, ctx):
+        if self.clip_grad > 0:  # train.py: each student module's total gradient norm at most clip_grad
+            torch.nn.utils.clip_grad_norm_([*self.backbone.parameters(), self.mask_token], self.clip_grad)
+            for module in self.heads:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), self.clip_grad)
+        if ctx.epoch < self.freeze_last_layer:  # the last layers' lr is 0 in the first epoch
+            for module in self.heads:
+                for p in module.last_layer.parameters():
+                    p.grad = None
+
+    def on_step_end(self, ctx):
+        self.teacher_temp = self.teacher_temperature(ctx.step, ctx.steps_per_epoch)
