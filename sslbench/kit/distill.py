@@ -33,6 +33,19 @@ from sslbench.kit.vit import (
 CENTERINGS = ("centering", "sinkhorn_knopp")
 
 
+def warmup_cosine_value(step: int, start: float, peak: float, end: float, warmup: int, cosine: int) -> float:
+    """DINOv3's linear_warmup_cosine_decay at `step`: linear from start towards peak over `warmup` steps
+    (np.linspace without its endpoint), then a cosine from peak to end over `cosine` steps (np.linspace(0, pi,
+    cosine), so it reaches end on its last step), then end."""
+    if step < warmup:
+        return start + (peak - start) * step / warmup
+    i = step - warmup
+    if i >= cosine:
+        return end
+    phase = math.pi * i / (cosine - 1) if cosine > 1 else 0.0
+    return end + (peak - end) * (1 + math.cos(phase)) / 2
+
+
 @dataclass
 class DistillationTerms:
     """One batch's loss terms, and what a method adds its own terms from: the student's tokens of the masked

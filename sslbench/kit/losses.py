@@ -620,3 +620,29 @@ def koleo(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
             nearest = dots.argmax(dim=1)
         distances = F.pairwise_distance(x, x[nearest], p=2, eps=eps)
         return -torch.log(distances + eps).mean()
+
+
+GRAM_NEGATIVES = ("keep", "clip", "clip_teacher")
+
+
+def gram_loss(student: torch.Tensor, teacher: torch.Tensor, negatives: str = "keep") -> torch.Tensor:
+    """DINOv3's Gram anchoring (GramLoss, img_level, normalised): the mean squared difference between each
+    image's cosine-similarity matrices of its patch features, student [N, L, D] against teacher [N, L, D]
+    (used as given: detach it). `negatives`: "keep" both matrices' negative entries; "clip" set them to 0 in
+    both (remove_neg); "clip_teacher" set the teacher's to 0, and the student's where both are negative
+    (remove_only_teacher_neg)."""
+    if student.dim() != 3 or student.shape != teacher.shape:
+        raise ValueError(
+            f"gram_loss needs student and teacher [N, L, D] alike, got {student.shape} and {teacher.shape}"
+        )
+    if negatives not in GRAM_NEGATIVES:
+        raise ValueError(f"gram_loss: negatives must be one of {GRAM_NEGATIVES}, got {negatives!r}")
+    s = F.normalize(student.float(), dim=-1)
+    t = F.normalize(teacher.float(), dim=-1)
+    student_sim, teacher_sim = s @ s.transpose(1, 2), t @ t.transpose(1, 2)
+    if negatives == "clip":
+        student_sim, teacher_sim = student_sim.clamp(min=0), teacher_sim.clamp(min=0)
+    elif negatives == "clip_teacher":
+        both = (student_sim < 0) & (teacher_sim < 0)
+        student_sim, teacher_sim = student_sim.masked_fill(both, 0.0), teacher_sim.clamp(min=0)
+    return F.mse_loss(student_sim, teacher_sim)

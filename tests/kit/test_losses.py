@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from sslbench.kit.losses import (
     PROTO_NCE_FORMS,
+    cross_view_cross_entropy,
+    gram_loss,
     info_nce,
     koleo,
     masked_patch_cross_entropy,
@@ -502,3 +504,70 @@ def test_koleo_grows_as_two_embeddings_meet_and_pushes_them_apart():
 def test_koleo_needs_a_batch_of_two_or_more():
     with pytest.raises(ValueError, match="at least 2"):
         koleo(torch.ones(1, 3))
+
+
+# ------------------------------------------------------------------- cross_view_cross_entropy's weights
+
+
+def test_view_weights_scale_each_student_view_s_pairs_and_the_mean_stays_over_the_pairs():
+    g = torch.Generator().manual_seed(0)
+    targets = [F.softmax(torch.randn(5, 7, generator=g, dtype=torch.float64), dim=1) for _ in range(2)]
+    logits = [torch.randn(5, 7, generator=g, dtype=torch.float64) for _ in range(4)]  # 2 global, 2 local
+    pair = {
+        (i, v): -(targets[i] * F.log_softmax(logits[v] / 0.1, dim=1)).sum(dim=1).mean()
+        for i in range(2)
+        for v in range(4)
+        if v != i
+    }
+    local = sum(term for (i, v), term in pair.items() if v >= 2)
+    glob = sum(term for (i, v), term in pair.items() if v < 2)
+    weighted = cross_view_cross_entropy(targets, logits, 0.1, [1.0, 1.0, 0.5, 0.5])
+    assert torch.allclose(weighted, (glob + 0.5 * local) / len(pair))
+    assert torch.equal(
+        cross_view_cross_entropy(targets, logits, 0.1, [1.0] * 4),
+        cross_view_cross_entropy(targets, logits, 0.1),
+    )
+    with pytest.raises(ValueError, match="3 view weights for 4 views"):
+        cross_view_cross_entropy(targets, logits, 0.1, [1.0] * 3)
+
+
+# --------------------------------------------------------------------------- gram_loss
+
+
+def test_gram_loss_is_zero_for_the_same_features_at_any_scale_and_by_hand_on_two_patches():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 4, generator=g, dtype=torch.float64)
+    assert gram_loss(x, 2.5 * x).item() == pytest.approx(0.0, abs=1e-12)  # normalised: the scale is gone
+    # student patches (1, 0), (0, 1): Gram [[1, 0], [0, 1]]; teacher (1, 0), (1, 1) / sqrt 2: [[1, r],
+    # [r, 1]], r = 1 / sqrt 2; the mean of the squared differences over the 4 entries: 2 r^2 / 4 = 0.25
+    student = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]], dtype=torch.float64)
+    teacher = torch.tensor([[[1.0, 0.0], [1.0, 1.0]]], dtype=torch.float64)
+    assert gram_loss(student, teacher).item() == pytest.approx(0.25)
+
+
+def test_gram_loss_is_per_image_not_across_the_batch():
+    g = torch.Generator().manual_seed(1)
+    s, t = torch.randn(2, 6, 4, generator=g), torch.randn(2, 6, 4, generator=g)
+    each = (gram_loss(s[:1], t[:1]) + gram_loss(s[1:], t[1:])) / 2
+    assert torch.allclose(gram_loss(s, t), each)
+
+
+@pytest.mark.parametrize(
+    "student_sim,teacher_sim,expected",
+    [  # keep, clip, clip_teacher: the off-diagonal similarity of two patches, squared error x 2 / 4 entries
+        (0.0, -1.0, (0.5, 0.0, 0.0)),  # the teacher's negative: dropped by both clippings
+        (-0.6, -1.0, (0.08, 0.0, 0.0)),  # both negative: clip_teacher zeroes the student's too
+        (-0.6, 0.5, (0.605, 0.125, 0.605)),  # only the student's negative: clip_teacher keeps it
+    ],
+)
+def test_gram_loss_s_negative_similarities_by_hand(student_sim, teacher_sim, expected):
+    def pair(cos):
+        return torch.tensor([[[1.0, 0.0], [cos, math.sqrt(1 - cos**2)]]], dtype=torch.float64)
+
+    got = [
+        gram_loss(pair(student_sim), pair(teacher_sim), mode).item()
+        for mode in ("keep", "clip", "clip_teacher")
+    ]
+    assert got == pytest.approx(list(expected))
+    with pytest.raises(ValueError, match="negatives must be one of"):
+        gram_loss(pair(0.0), pair(0.0), "drop")

@@ -78,6 +78,7 @@ OWN_SETTINGS = {
     "msn": SGD_STEP,
     "ibot": SGD_STEP,
     "dinov2": SGD_STEP,
+    "dinov3": {"gram_start": 0.0, **SGD_STEP},  # the Gram phase from the first step
     "ijepa": {**TINY_IJEPA, **SGD_STEP},
     "mmcr": SGD_STEP,
     "visreg": SGD_STEP,

@@ -87,6 +87,20 @@ def live_state(method) -> dict:
         ("visreg", {"num_slices": 16}),
         # masks drawn inside every step, the teacher temperature warming up per step
         ("dinov2", {"out_dim": 32, "hidden_dim": 24, "bottleneck_dim": 12, "warmup_teacher_temp_epochs": 2}),
+        # the Gram teacher loaded in epoch 0 and refreshed twice in epoch 1
+        (
+            "dinov3",
+            {
+                "out_dim": 32,
+                "ibot_out_dim": 24,
+                "hidden_dim": 24,
+                "bottleneck_dim": 12,
+                "gram_start": 0.3,
+                "gram_first_update": 0.6,
+                "gram_update_every": 0.1,
+                "gram_max_updates": 2,
+            },
+        ),
         ("ijepa", TINY_IJEPA),  # masks drawn inside every step, the warm-up from warmup_start_lr
     ],
 )
