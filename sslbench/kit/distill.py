@@ -7,7 +7,9 @@ loss from `distillation_terms`; the settings are DINOv2's `config.yaml` keys."""
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +21,7 @@ from sslbench.errors import ConfigError
 from sslbench.kit.clustering import balanced_assignment
 from sslbench.kit.health import distribution_health
 from sslbench.kit.losses import cross_view_cross_entropy, koleo, masked_patch_cross_entropy
-from sslbench.kit.method import DINOHead, Method, embed_crops
+from sslbench.kit.method import DINOHead, MatryoshkaDINOHead, Method, embed_crops
 from sslbench.kit.momentum import frozen_copy, without_drop_path
 from sslbench.kit.vit import (
     block_mask,
@@ -58,11 +60,14 @@ class DistillationTerms:
     masks: torch.Tensor
 
 
-def head(p: dict, feature_dim: int, out_dim: int) -> DINOHead:
-    """DINOv2's DINOHead: DINO's, its last layer's norms trained (no norm_last_layer), no batch norm."""
-    return DINOHead(
-        feature_dim, out_dim, p["hidden_dim"], p["bottleneck_dim"], 3, use_bn=False, norm_last_layer=False
-    )
+def levels(out) -> tuple[torch.Tensor, ...]:
+    """A head's outputs as a tuple of levels: DINOHead's one, a Matryoshka head's one per nesting level."""
+    return out if isinstance(out, tuple) else (out,)
+
+
+def level_sum(terms: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of the levels' terms (Franca's losses add them up); a single level's term as it is."""
+    return functools.reduce(operator.add, terms)
 
 
 class MaskedSelfDistillation(Method):
@@ -80,16 +85,23 @@ class MaskedSelfDistillation(Method):
         self.patch = check_masked_vit(backbone, cfg, info, "DINOv2")
         self.grid = info.image_size // self.patch
         # [dino head, ibot head]; separate_head false (ssl_default_config): the patches take the class token's
-        self.heads = nn.ModuleList([head(p, self.feature_dim, p["out_dim"])])
+        self.heads = nn.ModuleList([self.build_head(p, p["out_dim"])])
         if p["separate_head"]:
-            self.heads.append(head(p, self.feature_dim, p["ibot_out_dim"]))
+            self.heads.append(self.build_head(p, p["ibot_out_dim"]))
         # the backbone's mask_token in DINOv2 (zeros at first): a parameter of the method here
         self.mask_token = nn.Parameter(torch.zeros(1, 1, self.feature_dim))
         # [backbone, dino head(, ibot head)]; build_model_from_cfg: the teacher has no drop path
         self.teacher = without_drop_path(frozen_copy([self.backbone, *self.heads]))
         self.register_buffer("center", torch.zeros(1, p["out_dim"]))
-        self.register_buffer("center2", torch.zeros(1, self.ibot_head.last_layer.out_features))
+        self.register_buffer(
+            "center2", torch.zeros(1, p["ibot_out_dim" if p["separate_head"] else "out_dim"])
+        )
         self.centering, self.center_momentum = p["centering"], float(p["center_momentum"])
+        if self.centering == "centering" and isinstance(self.dino_head, MatryoshkaDINOHead):
+            raise ConfigError(
+                f"{self.config_file}: centering 'centering' keeps one centre, which the nested heads' levels "
+                "cannot share: set centering: sinkhorn_knopp"
+            )
         self.student_temp = float(p["student_temp"])
         self.teacher_temps = (float(p["warmup_teacher_temp"]), float(p["teacher_temp"]))
         self.warmup_teacher_temp_epochs = float(p["warmup_teacher_temp_epochs"])
@@ -105,6 +117,18 @@ class MaskedSelfDistillation(Method):
         self.layer_decay, self.patch_embed_lr_mult = float(p["layer_decay"]), float(p["patch_embed_lr_mult"])
         self.clip_grad, self.freeze_last_layer = float(p["clip_grad"]), int(p["freeze_last_layer"])
         self.teacher_temp = self.teacher_temperature(0, 1)
+
+    def build_head(self, p: dict, out_dim: int) -> nn.Module:
+        """DINOv2's DINOHead: DINO's, its last layer's norms trained (no norm_last_layer), no batch norm."""
+        return DINOHead(
+            self.feature_dim,
+            out_dim,
+            p["hidden_dim"],
+            p["bottleneck_dim"],
+            3,
+            use_bn=False,
+            norm_last_layer=False,
+        )
 
     @property
     def dino_head(self) -> DINOHead:
@@ -126,27 +150,41 @@ class MaskedSelfDistillation(Method):
     def distillation_terms(self, views, local_weight: float = 1.0) -> DistillationTerms:
         """ssl_meta_arch.py's forward_backward up to the weighted sum: the global crops masked, the teacher's
         targets, DINO's term (the mean over the pairs; `local_weight` scales the local crops' pairs, as
-        DINOv3's reweighting does), KoLeo summed over the global crops, iBOT's term."""
+        DINOv3's reweighting does), KoLeo summed over the global crops, iBOT's term. Where the heads have
+        levels (Matryoshka heads), each level has its own targets, and DINO's and iBOT's terms add up over
+        them."""
         globals_, locals_ = views[: self.num_views], views[self.num_views :]
         masks = self.draw_masks(globals_[0].shape[0], globals_[0].device).flatten(1)  # [2B, L]
         with torch.no_grad():
             tokens = masked_tokens(self.teacher[0], torch.cat(globals_))
-            teacher_cls = self.teacher[1](tokens[:, 0])
-            teacher_patches = self.teacher[-1](tokens[:, 1:][masks])  # [M, K2]: the masked patches only
+            teacher_cls = levels(self.teacher[1](tokens[:, 0]))
+            teacher_patches = levels(
+                self.teacher[-1](tokens[:, 1:][masks])
+            )  # [M, K2]: the masked patches only
         student = masked_tokens(self.backbone, torch.cat(globals_), masks, self.mask_token)
-        student_cls = list(self.dino_head(student[:, 0]).chunk(self.num_views))
+        student_cls = [list(level.chunk(self.num_views)) for level in levels(self.dino_head(student[:, 0]))]
         if locals_:
-            student_cls += embed_crops(self.backbone, locals_, head=self.dino_head)
+            local_features = torch.cat(embed_crops(self.backbone, locals_))
+            for views_of_level, level in zip(student_cls, levels(self.dino_head(local_features))):
+                views_of_level += level.split([v.shape[0] for v in locals_])
         view_weights = None
         if local_weight != 1.0:
             view_weights = [1.0] * self.num_views + [local_weight] * len(locals_)
-        targets, patch_targets = self.teacher_targets(teacher_cls, teacher_patches)
-        loss_dino = cross_view_cross_entropy(
-            targets.chunk(self.num_views), student_cls, self.student_temp, view_weights
+        targets = [self.teacher_targets(c, m) for c, m in zip(teacher_cls, teacher_patches)]
+        loss_dino = level_sum(
+            [
+                cross_view_cross_entropy(t.chunk(self.num_views), s, self.student_temp, view_weights)
+                for (t, _), s in zip(targets, student_cls)
+            ]
         )
         loss_koleo = sum(koleo(dist.gather_with_grad(c)) for c in student[:, 0].chunk(self.num_views))
-        patch_logits = self.ibot_head(student[:, 1:][masks]) / self.student_temp
-        loss_ibot = masked_patch_cross_entropy(patch_targets, patch_logits, masks)
+        patch_logits = levels(self.ibot_head(student[:, 1:][masks]))
+        loss_ibot = level_sum(
+            [
+                masked_patch_cross_entropy(t, logits / self.student_temp, masks)
+                for (_, t), logits in zip(targets, patch_logits)
+            ]
+        )
         return DistillationTerms(loss_dino, loss_koleo, loss_ibot, student, masks)
 
     @torch.no_grad()
@@ -185,22 +223,23 @@ class MaskedSelfDistillation(Method):
         everyone = batch * dist.world_size()
         shares = mask_share_draws(self.num_views * everyone, self.mask_probability, self.mask_ratio, rng)
         n = self.grid * self.grid
-        masks = torch.stack(
-            [
-                block_mask(
-                    self.grid,
-                    self.grid,
-                    int(n * share),
-                    self.log_aspect,
-                    rng,
-                    min_area=self.min_mask_patches,
-                    max_area=self.max_mask_patches,
-                )
-                for share in shares
-            ]
-        ).view(self.num_views, everyone, self.grid, self.grid)
+        masks = torch.stack([self.mask(int(n * share), rng) for share in shares])
+        masks = masks.view(self.num_views, everyone, self.grid, self.grid)
         mine = masks[:, dist.rank() * batch : (dist.rank() + 1) * batch]
         return mine.reshape(-1, self.grid, self.grid).to(device)
+
+    def mask(self, count: int, rng) -> torch.Tensor:
+        """[h, w] bool: MaskingGenerator's mask of `count` patches, in blocks of at least min_mask_patches, at
+        most max_mask_share of the patches each."""
+        return block_mask(
+            self.grid,
+            self.grid,
+            count,
+            self.log_aspect,
+            rng,
+            min_area=self.min_mask_patches,
+            max_area=self.max_mask_patches,
+        )
 
     def param_groups(self):
         """get_params_groups_with_decay: each student parameter's lr x layer_decay ** (L + 1 - its layer)
@@ -235,8 +274,11 @@ class MaskedSelfDistillation(Method):
     def health(self, forward_train_set):
         """The teacher's sharpened class-token output on the train split (the monitors'), centred by the
         running centre (zero under Sinkhorn-Knopp, whose targets need a batch): its mean entropy and how many
-        of its K outputs the images' argmaxes use."""
-        teacher = nn.Sequential(self.teacher[0], self.teacher[1])
+        of its K outputs the images' argmaxes use (a Matryoshka head's: its widest level's)."""
+
+        def teacher(x):
+            return levels(self.teacher[1](self.teacher[0](x)))[-1]
+
         mean_entropy, usage = distribution_health(
             forward_train_set,
             lambda x: F.softmax((teacher(x).float() - self.center) / self.teacher_temp, dim=-1),

@@ -335,3 +335,48 @@ class DINOHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.last_layer(F.normalize(self.mlp(x), dim=-1))
+
+
+class MatryoshkaDINOHead(nn.Module):
+    """Franca's nested DINO head (valeoai/Franca franca/layers/mrl_dino_head.py MRLDINOHead): one head per
+    width d in `nesting`, each a Linear(in_dim, d), then an MLP of `num_layers` Linear-GELU layers to the
+    bottleneck (a GELU after the last one too, no L2 normalisation), then a weight-normalised Linear without
+    bias to out_dim x d / nesting[-1] prototypes (norms filled with 1 and trained). The Linear layers are
+    initialised trunc_normal(std 0.02) with zero bias; the last layers keep torch's. It returns the levels'
+    outputs, narrowest first."""
+
+    def __init__(self, in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, nesting):
+        super().__init__()
+        self.nesting = list(nesting)
+        self.projections = nn.ModuleList([nn.Linear(in_dim, d) for d in self.nesting])
+        self.mlps = nn.ModuleList()
+        for d in self.nesting:
+            dims = [d] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
+            layers: list[nn.Module] = []
+            for d_in, d_out in zip(dims, dims[1:]):
+                layers += [nn.Linear(d_in, d_out), nn.GELU()]
+            self.mlps.append(nn.Sequential(*layers))
+        for module in [*self.projections, *self.mlps.modules()]:
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+        # named as DINOHead's, so that a method freezes every level's last layer alike
+        self.last_layer = nn.ModuleList(
+            [
+                weight_norm(nn.Linear(bottleneck_dim, out_dim * d // self.nesting[-1], bias=False))
+                for d in self.nesting
+            ]
+        )
+        with torch.no_grad():
+            for layer in self.last_layer:
+                layer.parametrizations.weight.original0.fill_(1.0)
+
+    @property
+    def mlp(self) -> nn.Sequential:
+        """The widest level's layers before its last one (what `Method.projection_head` reads)."""
+        return nn.Sequential(self.projections[-1], *self.mlps[-1])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(
+            last(mlp(project(x))) for project, mlp, last in zip(self.projections, self.mlps, self.last_layer)
+        )
