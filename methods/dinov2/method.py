@@ -34,6 +34,4 @@ class DINOv2(MaskedSelfDistillation):
     config_file = "methods/dinov2/config.yaml"
 
     def training_loss(self, views, labels, indices):
-        terms = self.distillation_terms(views)
-        w = self.weights
-        return w["dino"] * terms.dino + w["koleo"] * terms.koleo + w["ibot"] * terms.ibot
+        return self.weighted_sum(self.distillation_terms(views))

@@ -54,8 +54,7 @@ class DINOv3GramAnchoring(MaskedSelfDistillation):
 
     def training_loss(self, views, labels, indices):
         terms = self.distillation_terms(views, local_weight=self.local_weight)
-        w = self.weights
-        loss = w["dino"] * terms.dino + w["koleo"] * terms.koleo + w["ibot"] * terms.ibot
+        loss = self.weighted_sum(terms)
         if self.gram_weight == 0:  # before the phase: DINOv2's loss (the official adds the term x 0)
             return loss
         targets = self.gram_targets(torch.cat(views[: self.num_views]))

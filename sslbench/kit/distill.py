@@ -112,8 +112,6 @@ class MaskedSelfDistillation(Method):
                 f"{self.config_file}: mask_ratio must be [low, high] with 0 <= low <= high <= 1"
             )
         self.log_aspect = (math.log(p["mask_min_aspect"]), -math.log(p["mask_min_aspect"]))
-        self.min_mask_patches = int(p["min_mask_patches"])
-        self.max_mask_patches = float(p["max_mask_share"]) * self.grid * self.grid
         self.layer_decay, self.patch_embed_lr_mult = float(p["layer_decay"]), float(p["patch_embed_lr_mult"])
         self.clip_grad, self.freeze_last_layer = float(p["clip_grad"]), int(p["freeze_last_layer"])
         self.teacher_temp = self.teacher_temperature(0, 1)
@@ -187,6 +185,11 @@ class MaskedSelfDistillation(Method):
         )
         return DistillationTerms(loss_dino, loss_koleo, loss_ibot, student, masks)
 
+    def weighted_sum(self, terms: DistillationTerms) -> torch.Tensor:
+        """forward_backward's loss: w_dino L_dino + w_koleo L_koleo + w_ibot L_ibot."""
+        w = self.weights
+        return w["dino"] * terms.dino + w["koleo"] * terms.koleo + w["ibot"] * terms.ibot
+
     @torch.no_grad()
     def teacher_targets(self, cls: torch.Tensor, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The teacher's class-token [2B, K] and masked-patch [M, K2] distributions. `centering`: softmax((t -
@@ -237,8 +240,8 @@ class MaskedSelfDistillation(Method):
             count,
             self.log_aspect,
             rng,
-            min_area=self.min_mask_patches,
-            max_area=self.max_mask_patches,
+            min_area=int(self.cfg["params"]["min_mask_patches"]),
+            max_area=float(self.cfg["params"]["max_mask_share"]) * self.grid * self.grid,
         )
 
     def param_groups(self):

@@ -1,10 +1,11 @@
-"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT, DINOv2, I-JEPA) run it: the
-checks that it can be masked, the fixed 2-D sin-cos position table (MAE, I-JEPA), its class token and position
-embeddings added to patch tokens, every token with masked patches replaced by a mask token (SimMIM, iBOT,
-DINOv2), the tokens of some patches kept by index (I-JEPA), the random draws every rank makes alike (a whole
-batch's noise, a seeded generator), SimMIM's mask of random units of patches, BEiT's block-wise mask (iBOT)
-and DINOv2's draw of them over a batch, I-JEPA's multi-block context and target masks, and the layer of each
-parameter that layer-wise lr decay scales (MAE's fine-tuning, DINOv2's pretraining).
+"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT, DINOv2, I-JEPA, Franca) run
+it: the checks that it can be masked, the fixed 2-D sin-cos position table (MAE, I-JEPA), its class token and
+position embeddings added to patch tokens, every token with masked patches replaced by a mask token (SimMIM,
+iBOT, DINOv2), the tokens of some patches kept by index (I-JEPA), the random draws every rank makes alike (a
+whole batch's noise, a seeded generator), SimMIM's mask of random units of patches, BEiT's block-wise mask
+(iBOT) and DINOv2's draw of them over a batch, Franca's rolled inverse blocks, I-JEPA's multi-block context
+and target masks, and the layer of each parameter that layer-wise lr decay scales (MAE's fine-tuning, DINOv2's
+pretraining).
 
 The encoder trained is the backbone's own modules (patch_embed, the positions, norm_pre, blocks, norm), so
 that the network trained is the network evaluated.
@@ -214,6 +215,49 @@ def block_mask(
             break
         masked += added
     return mask
+
+
+def rolled_block_mask(
+    h: int, w: int, count: int, log_aspect: tuple[float, float], rng: random.Random, roll: bool = True
+) -> torch.Tensor:
+    """Franca's BlockMasking (valeoai/Franca franca/data/masking.py): one rectangle of ``count`` patches on an
+    h x w grid. Its aspect ratio is exp(U) over ``log_aspect`` narrowed to what the grid holds
+    ([log(count / w^2), log(h^2 / count)]); its sides are ceil(sqrt(count x ratio)) and ceil(sqrt(count /
+    ratio)), at most the grid's; its corner is uniform (inclusive bounds); its first ``count`` patches in
+    row-major order are kept; with ``roll`` the grid is then shifted cyclically by a uniform row and column
+    offset. Returns a bool [h, w], True = masked; ``rng`` draws every number."""
+    mask = torch.zeros(h, w, dtype=torch.bool)
+    if count <= 0:
+        return mask
+    count = min(count, h * w)
+    low = max(log_aspect[0], math.log(count / w**2))
+    high = min(log_aspect[1], math.log(h**2 / (count + 1e-5)))
+    aspect = math.exp(rng.uniform(min(low, high), high))
+    bh = min(math.ceil(math.sqrt(count * aspect)), h)
+    bw = min(math.ceil(math.sqrt(count / aspect)), w)
+    top = 0 if bh >= h else rng.randint(0, h - bh)
+    left = 0 if bw >= w else rng.randint(0, w - bw)
+    mask[top : top + bh, left : left + bw] = True
+    keep = mask.flatten().nonzero().flatten()[:count]
+    mask = torch.zeros(h * w, dtype=torch.bool)
+    mask[keep] = True
+    mask = mask.view(h, w)
+    if roll:
+        shifts = (rng.randint(0, h - 1), rng.randint(0, w - 1))
+        mask = torch.roll(mask, shifts, dims=(0, 1))
+    return mask
+
+
+def inverse_block_mask(
+    h: int, w: int, count: int, log_aspect: tuple[float, float], rng: random.Random, roll: bool = True
+) -> torch.Tensor:
+    """Franca's InverseBlockMasking: ``count`` patches masked as everything but one (rolled) rectangle of the
+    other h w - count (at least one) patches; none for a count of 0, every patch from h w on."""
+    if count <= 0:
+        return torch.zeros(h, w, dtype=torch.bool)
+    if count >= h * w:
+        return torch.ones(h, w, dtype=torch.bool)
+    return ~rolled_block_mask(h, w, max(1, h * w - count), log_aspect, rng, roll)
 
 
 def mask_share_draws(

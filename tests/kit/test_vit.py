@@ -1,11 +1,13 @@
 """sslbench/kit/vit.py: SimMIM's mask of random units by hand, its exact count and its uniform marginals,
 the whole batch's draw taken from the global RNG (one process), BEiT's block-wise mask by hand and its
-bounds, and every token of the ViT (the class token its own forward's). The ViT checks are pinned through
-the methods that use them (tests/methods/test_mae.py, test_simmim.py, test_msn.py, test_ibot.py)."""
+bounds, Franca's rolled and inverse blocks replayed against its numpy code, and every token of the ViT (the
+class token its own forward's). The ViT checks are pinned through the methods that use them
+(tests/methods/test_mae.py, test_simmim.py, test_msn.py, test_ibot.py)."""
 
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from support import tiny_vit
@@ -16,6 +18,7 @@ from sslbench.kit.vit import (
     block_mask,
     check_masked_vit,
     fix_sincos_positions,
+    inverse_block_mask,
     keep_patches,
     mask_share_draws,
     masked_tokens,
@@ -23,6 +26,7 @@ from sslbench.kit.vit import (
     multiblock_masks,
     place_block,
     random_unit_mask,
+    rolled_block_mask,
     sincos_pos_embed,
     vit_layer_id,
 )
@@ -284,3 +288,70 @@ def test_the_masks_are_cut_to_the_shortest_of_the_batch_by_replaying_the_collato
         assert torch.equal(context[0][b], whole_contexts[b][:shortest])
         for j in range(4):  # the targets are whole blocks of one size: nothing to cut
             assert torch.equal(targets[j][b], whole_targets[b][j])
+
+
+# --------------------------------------------------------------------------- Franca's rolled (inverse) blocks
+
+
+def official_block(h, w, n, log_aspect, rng, roll):
+    """franca/data/masking.py BlockMasking.__call__ written out with numpy, drawing from `rng` as it draws
+    from `random`."""
+    if n == 0:
+        return np.zeros((h, w), dtype=bool)
+    n = min(n, h * w)
+    min_lar = max(log_aspect[0], np.log(n / (w**2)))
+    max_lar = min(log_aspect[1], np.log(h**2 / (n + 1e-5)))
+    min_lar = min(min_lar, max_lar)
+    ratio = math.exp(rng.uniform(min_lar, max_lar))
+    bh = min(int(np.ceil(math.sqrt(n * ratio))), h)
+    bw = min(int(np.ceil(math.sqrt(n / ratio))), w)
+    top = 0 if bh >= h else rng.randint(0, h - bh)
+    left = 0 if bw >= w else rng.randint(0, w - bw)
+    mask = np.zeros((h, w), dtype=bool)
+    mask[top : top + bh, left : left + bw] = True
+    ids = np.where(mask.flatten())[0][:n]
+    mask = np.zeros(h * w, dtype=bool)
+    mask[ids] = True
+    mask = mask.reshape(h, w)
+    if roll:
+        mask = np.roll(mask, (rng.randint(0, h - 1), rng.randint(0, w - 1)), (0, 1))
+    return mask
+
+
+def official_inverse(h, w, n, log_aspect, rng, roll):
+    if n == 0:
+        return np.zeros((h, w), dtype=bool)
+    if n >= h * w:
+        return np.ones((h, w), dtype=bool)
+    return ~official_block(h, w, max(1, h * w - n), log_aspect, rng, roll)
+
+
+@pytest.mark.parametrize("roll", [True, False])
+@pytest.mark.parametrize("grid", [(4, 4), (8, 8), (6, 10)])
+def test_rolled_and_inverse_blocks_replay_franca_s_masking_and_mask_exactly_the_count(grid, roll):
+    h, w = grid
+    log_aspect = (math.log(0.3), -math.log(0.3))
+    for seed in range(30):
+        for n in [0, 1, 3, h * w // 2, h * w - 1, h * w]:
+            ours, theirs = random.Random(seed), random.Random(seed)
+            got = rolled_block_mask(h, w, n, log_aspect, ours, roll)
+            assert np.array_equal(got.numpy(), official_block(h, w, n, log_aspect, theirs, roll))
+            assert int(got.sum()) == n
+            ours, theirs = random.Random(seed), random.Random(seed)
+            got = inverse_block_mask(h, w, n, log_aspect, ours, roll)
+            assert np.array_equal(got.numpy(), official_inverse(h, w, n, log_aspect, theirs, roll))
+            assert int(got.sum()) == n
+            assert ours.random() == theirs.random()  # the same numbers drawn
+
+
+def test_an_unrolled_block_is_a_rectangle_s_first_patches_and_rolling_shifts_it_cyclically():
+    log_aspect = (math.log(0.3), -math.log(0.3))
+    plain = rolled_block_mask(8, 8, 12, log_aspect, random.Random(3), roll=False)
+    rows, cols = plain.nonzero(as_tuple=True)
+    box = plain[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+    assert box.sum() == 12 and box[:-1].all()  # full rows of the box, then the last row's first patches
+    rolled = rolled_block_mask(8, 8, 12, log_aspect, random.Random(3), roll=True)
+    shifts = [
+        (a, b) for a in range(8) for b in range(8) if torch.equal(torch.roll(plain, (a, b), (0, 1)), rolled)
+    ]
+    assert shifts  # the same block, shifted with wrap-around
