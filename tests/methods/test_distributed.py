@@ -79,6 +79,7 @@ OWN_SETTINGS = {
     "ibot": SGD_STEP,
     "dinov2": SGD_STEP,
     "dinov3": {"gram_start": 0.0, **SGD_STEP},  # the Gram phase from the first step
+    "franca": SGD_STEP,
     "ijepa": {**TINY_IJEPA, **SGD_STEP},
     "mmcr": SGD_STEP,
     "visreg": SGD_STEP,

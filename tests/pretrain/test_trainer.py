@@ -101,6 +101,10 @@ def live_state(method) -> dict:
                 "gram_max_updates": 2,
             },
         ),
+        (
+            "franca",
+            {"out_dim": 32, "ibot_out_dim": 32, "hidden_dim": 24, "bottleneck_dim": 12},
+        ),  # masks, levels
         ("ijepa", TINY_IJEPA),  # masks drawn inside every step, the warm-up from warmup_start_lr
     ],
 )
