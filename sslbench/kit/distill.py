@@ -1,9 +1,11 @@
-"""DINOv2's masked self-distillation (Oquab et al., TMLR 2024; facebookresearch/dinov2), the step that DINOv3
-builds on: a student ViT with a class-token head and a patch head, its EMA teacher, the teacher's targets
-(a running-mean centring or Sinkhorn-Knopp), the block-wise masks of the global crops, the three loss terms
-(DINO's on the class tokens, iBOT's on the masked patches, KoLeo), the layer-decayed parameter groups, the
-clipping per module and the frozen last layers. A method subclasses `MaskedSelfDistillation` and writes its
-loss from `distillation_terms`; the settings are DINOv2's `config.yaml` keys."""
+"""DINOv2's masked self-distillation (Oquab et al., TMLR 2024; facebookresearch/dinov2), the step that
+DINOv3's Gram anchoring and Franca build on: a student ViT with a class-token head and a patch head, its EMA
+teacher, the teacher's targets (a running-mean centring or Sinkhorn-Knopp), the block-wise masks of the global
+crops, the three loss terms (DINO's on the class tokens, iBOT's on the masked patches, KoLeo), the
+layer-decayed parameter groups, the clipping per module and the frozen last layers. A method subclasses
+`MaskedSelfDistillation` and writes its loss from `distillation_terms`; it may change the heads (`build_head`:
+Franca's nested ones, whose levels each get their targets and terms) and the masks' generator (`mask`). The
+settings are DINOv2's `config.yaml` keys; DINOv3's weight schedule is here too."""
 
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ class MaskedSelfDistillation(Method):
             raise ConfigError(
                 f"{self.config_file}: centering must be one of {CENTERINGS}, got {p['centering']!r}"
             )
-        self.patch = check_masked_vit(backbone, cfg, info, "DINOv2")
+        self.patch = check_masked_vit(backbone, cfg, info, self.config_file.split("/")[1])  # the folder
         self.grid = info.image_size // self.patch
         # [dino head, ibot head]; separate_head false (ssl_default_config): the patches take the class token's
         self.heads = nn.ModuleList([self.build_head(p, p["out_dim"])])
