@@ -24,7 +24,6 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from sslbench.errors import ConfigError
 from sslbench.kit.distill import MaskedSelfDistillation, warmup_cosine_value
 from sslbench.kit.losses import GRAM_NEGATIVES, gram_loss
 from sslbench.kit.momentum import freeze
@@ -37,11 +36,7 @@ class DINOv3GramAnchoring(MaskedSelfDistillation):
     def __init__(self, backbone, info, cfg):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
-        if p["gram_negatives"] not in GRAM_NEGATIVES:
-            raise ConfigError(
-                f"{self.config_file}: gram_negatives must be one of {GRAM_NEGATIVES}, "
-                f"got {p['gram_negatives']!r}"
-            )
+        self.check_choice(p, "gram_negatives", GRAM_NEGATIVES)
         # ssl_meta_arch.py's gram_teacher: a backbone alone, loaded from the EMA teacher as the phase starts
         self.gram_teacher = freeze(copy.deepcopy(self.teacher[0]))
         self.gram_end, self.local_end = float(p["gram_loss_weight"]), float(p["local_loss_weight_end"])
@@ -65,12 +60,11 @@ class DINOv3GramAnchoring(MaskedSelfDistillation):
         """[2B, L, D]: the Gram teacher's patch tokens (after the final norm) of the unmasked global crops
         upsampled x gram_teacher_scale (bicubic), brought back to the student's grid by a bicubic resize
         (align_corners false, no antialias: gram.global_teacher_resize_method / _antialias)."""
-        if self.teacher_scale > 1:
-            crops = F.interpolate(crops, scale_factor=self.teacher_scale, mode="bicubic", align_corners=False)
+        if self.teacher_scale == 1:
+            return masked_tokens(self.gram_teacher, crops)[:, 1:]
+        crops = F.interpolate(crops, scale_factor=self.teacher_scale, mode="bicubic", align_corners=False)
         patches = masked_tokens(self.gram_teacher, crops)[:, 1:]  # [2B, (s g)^2, D]
         side = self.grid * self.teacher_scale
-        if side == self.grid:
-            return patches
         grid = patches.transpose(1, 2).unflatten(-1, (side, side))
         grid = F.interpolate(grid, size=(self.grid, self.grid), mode="bicubic", align_corners=False)
         return grid.flatten(-2).transpose(1, 2)

@@ -80,10 +80,7 @@ class MaskedSelfDistillation(Method):
     def __init__(self, backbone, info, cfg):
         super().__init__(backbone, info, cfg)
         p = cfg["params"]
-        if p["centering"] not in CENTERINGS:
-            raise ConfigError(
-                f"{self.config_file}: centering must be one of {CENTERINGS}, got {p['centering']!r}"
-            )
+        self.check_choice(p, "centering", CENTERINGS)
         self.patch = check_masked_vit(backbone, cfg, info, self.config_file.split("/")[1])  # the folder
         self.grid = info.image_size // self.patch
         # [dino head, ibot head]; separate_head false (ssl_default_config): the patches take the class token's
@@ -117,6 +114,11 @@ class MaskedSelfDistillation(Method):
         self.layer_decay, self.patch_embed_lr_mult = float(p["layer_decay"]), float(p["patch_embed_lr_mult"])
         self.clip_grad, self.freeze_last_layer = float(p["clip_grad"]), int(p["freeze_last_layer"])
         self.teacher_temp = self.teacher_temperature(0, 1)
+
+    def check_choice(self, p: dict, key: str, choices: tuple) -> None:
+        """A setting that names one of `choices`, refused otherwise with the file and the key."""
+        if p[key] not in choices:
+            raise ConfigError(f"{self.config_file}: {key} must be one of {choices}, got {p[key]!r}")
 
     def build_head(self, p: dict, out_dim: int) -> nn.Module:
         """DINOv2's DINOHead: DINO's, its last layer's norms trained (no norm_last_layer), no batch norm."""
@@ -158,9 +160,8 @@ class MaskedSelfDistillation(Method):
         with torch.no_grad():
             tokens = masked_tokens(self.teacher[0], torch.cat(globals_))
             teacher_cls = levels(self.teacher[1](tokens[:, 0]))
-            teacher_patches = levels(
-                self.teacher[-1](tokens[:, 1:][masks])
-            )  # [M, K2]: the masked patches only
+            # [M, K2]: the masked patches only
+            teacher_patches = levels(self.teacher[-1](tokens[:, 1:][masks]))
         student = masked_tokens(self.backbone, torch.cat(globals_), masks, self.mask_token)
         student_cls = [list(level.chunk(self.num_views)) for level in levels(self.dino_head(student[:, 0]))]
         if locals_:
