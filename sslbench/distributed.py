@@ -122,6 +122,13 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum over ranks (in place)."""
+    if world_size() > 1:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
 def shard(total: int) -> slice:
     """This rank's contiguous part of ``range(total)`` (sizes differ by at most one)."""
     size, r = world_size(), rank()

@@ -106,7 +106,9 @@ def at_group_scale(schedule: dict, key: str, base: float) -> float:
 
 def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float | None = None) -> float:
     """Linear warm-up (``warmup_ramp``: see the module docstring), then cosine to zero (or to
-    ``min_lr``), steps at milestones (x ``step_factor`` at each, default 0.1), or constant.
+    ``min_lr``), steps at milestones (x ``step_factor`` at each, default 0.1), or constant. The cosine runs
+    over ``cosine_truncate`` (default 1) of its half period: CAPI's WarmupThenCosine stops it at 0.8, where
+    the lr is still min_lr + 0.095 (lr - min_lr).
 
     ``schedule`` holds ``lr``, ``epochs``, ``schedule`` and optionally ``warmup_epochs`` (with
     ``warmup_ramp`` and ``warmup_start_lr``), ``milestones``, ``step_factor`` (the ``train`` section's keys)
@@ -135,7 +137,8 @@ def learning_rate(schedule: dict, step: int, steps_per_epoch: int, base: float |
     if kind == "cosine":
         progress = (epoch - warmup) / max(1e-12, schedule["epochs"] - warmup)
         floor = at_group_scale(schedule, "min_lr", base)
-        return floor + (base - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        angle = math.pi * schedule.get("cosine_truncate", 1.0) * min(1.0, progress)
+        return floor + (base - floor) * 0.5 * (1.0 + math.cos(angle))
     if kind == "step":
         # factor ** k, as before the setting (0.1 ** k at the default: the same float operations)
         factor = schedule.get("step_factor", STEP_FACTOR)

@@ -311,6 +311,21 @@ def test_ijepa_s_warmup_from_start_lr_and_cosine_to_final_lr_are_warmup_cosine_s
         )
 
 
+def test_capi_s_warmup_then_a_cosine_truncated_at_0_8_is_warmup_then_cosine_s():
+    """utils.py WarmupThenCosine(base lr, final 0, warmup W, truncate_cos 0.8): np.linspace(0, lr, W), then
+    0.5 lr (1 + cos(pi 0.8 i / (T - W))) at i = k - W: it ends near 0.095 lr, not at 0."""
+    train = {**method_train("capi"), "epochs": 10}
+    steps_per_epoch, W, T = 10, 10, 100
+    lr = train["lr"]
+    assert (lr, train["warmup_epochs"], train["cosine_truncate"], train["min_lr"]) == (0.001, 1, 0.8, 0.0)
+    official = list(torch.linspace(0, lr, W, dtype=torch.float64)) + [
+        0.5 * lr * (1 + math.cos(math.pi * 0.8 * i / (T - W))) for i in range(T - W)
+    ]
+    for k in range(T):
+        assert learning_rate(train, k, steps_per_epoch) == pytest.approx(float(official[k]), rel=1e-12), k
+    assert learning_rate(train, T, steps_per_epoch) == pytest.approx(lr * 0.5 * (1 + math.cos(0.8 * math.pi)))
+
+
 def cosine_to(fraction: float, steps: int):
     """VISReg's train.py cosine_factor: the lr's factor at a step of the cosine, from 1 to ``fraction``."""
     return lambda t: fraction + 0.5 * (1 - fraction) * (1 + math.cos(math.pi * min(t, steps) / steps))

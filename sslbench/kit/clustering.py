@@ -325,26 +325,27 @@ def balanced_assignment(
     iteration. Under torch.distributed the ranks' rows together are one problem: the total and the
     per-prototype sums are all-reduced, B counts every rank's rows (by default B/world on every rank;
     ``num_samples`` gives the total where the ranks hold different numbers, as DINOv2's masked patches), and
-    each rank gets its own rows.
+    each rank gets its own rows. Weights [..., B, K] are independent problems, one per leading index (CAPI's
+    positionwise Sinkhorn-Knopp: one per patch position, over the batch's images).
     """
     # a rank may hold no rows of a problem whose total it is given (num_samples)
-    if weights.dim() != 2 or weights.shape[1] == 0 or (weights.shape[0] == 0 and num_samples is None):
+    if weights.dim() < 2 or weights.shape[-1] == 0 or (weights.shape[-2] == 0 and num_samples is None):
         raise ValueError(
-            f"balanced_assignment needs weights [B, K] with B, K >= 1, got {tuple(weights.shape)}"
+            f"balanced_assignment needs weights [..., B, K] with B, K >= 1, got {tuple(weights.shape)}"
         )
     if iterations < 1:
         raise ValueError(f"balanced_assignment needs iterations >= 1, got {iterations}")
-    q = weights.detach().float().T.clone()  # [K, B]
-    num_prototypes = q.shape[0]
+    q = weights.detach().float().transpose(-2, -1).clone()  # [..., K, B]
+    num_prototypes = q.shape[-2]
     if num_samples is None:
-        num_samples = q.shape[1] * dist.world_size()
-    q /= dist.all_reduce_sum(q.sum())
+        num_samples = q.shape[-1] * dist.world_size()
+    q /= dist.all_reduce_sum(q.sum(dim=(-2, -1), keepdim=True))
     for _ in range(iterations):
-        q /= dist.all_reduce_sum(q.sum(dim=1, keepdim=True))  # every prototype: mass 1/K
+        q /= dist.all_reduce_sum(q.sum(dim=-1, keepdim=True))  # every prototype: mass 1/K
         q /= num_prototypes
-        q /= q.sum(dim=0, keepdim=True)  # every sample (local): mass 1/B
+        q /= q.sum(dim=-2, keepdim=True)  # every sample (local): mass 1/B
         q /= num_samples
-    return (q * num_samples).T
+    return (q * num_samples).transpose(-2, -1)
 
 
 def pca_whiten(features: torch.Tensor, dim: int) -> torch.Tensor:

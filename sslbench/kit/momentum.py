@@ -19,8 +19,10 @@ from sslbench.errors import ConfigError
 MOMENTUM_SCHEDULES = ("constant", "cosine", "linear")
 
 
-def check_momentum(params: dict) -> tuple[float, str]:
-    """(tau_base, schedule) from a method's settings ``momentum`` and ``momentum_schedule``."""
+def check_momentum(params: dict) -> tuple[float, str, float, float]:
+    """(tau_base, schedule, warmup, truncate) from a method's settings ``momentum``, ``momentum_schedule``
+    and the optional ``momentum_warmup`` (share of the run, default 0) and ``momentum_truncate`` (default
+    1) that ``momentum_at`` reads."""
     base, schedule = params.get("momentum"), params.get("momentum_schedule")
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not 0.0 <= base <= 1.0:
         raise ConfigError(
@@ -32,20 +34,37 @@ def check_momentum(params: dict) -> tuple[float, str]:
             f"config key `momentum_schedule` must be one of {list(MOMENTUM_SCHEDULES)} (constant: MoCo "
             f"v1/v2; cosine from `momentum` to 1: BYOL, MoCo v3, DINO; linear to 1: MSN), got {schedule!r}"
         )
-    return float(base), schedule
+    warmup, truncate = params.get("momentum_warmup", 0.0), params.get("momentum_truncate", 1.0)
+    if not 0.0 <= warmup < 1.0 or not 0.0 < truncate <= 1.0:
+        raise ConfigError(
+            f"config keys `momentum_warmup` (a share of the run in [0, 1)) and `momentum_truncate` (in "
+            f"(0, 1]): got {warmup!r} and {truncate!r}; set them in the method's config.yaml"
+        )
+    return float(base), schedule, float(warmup), float(truncate)
 
 
-def momentum_at(base: float, schedule: str, step: int, total_steps: int) -> float:
+def momentum_at(
+    base: float, schedule: str, step: int, total_steps: int, warmup: float = 0.0, truncate: float = 1.0
+) -> float:
     """tau after the optimiser step of 0-based index ``step`` of ``total_steps``: ``base``
     (constant), 1 - (1 - base)(cos(pi step / total) + 1) / 2 (cosine, step clamped to the
     total), BYOL's target_ema and DINO's cosine_scheduler per step, or base + (1 - base) step / total
     (linear, clamped), MSN's momentum_scheduler. MoCo v3 moves its target by the same tau one step
-    later, at the next forward: a one-step shift."""
+    later, at the next forward: a one-step shift.
+
+    CAPI's WarmupThenCosine: over the first W = round(``warmup`` x total) steps tau is np.linspace(1, base,
+    W) (the target barely moves while the student is young), then the schedule runs over the other steps,
+    the cosine over ``truncate`` of its half period (0.8: it ends at 1 - 0.095 (1 - base))."""
     if schedule == "constant":
         return base
+    if warmup:
+        steps = round(warmup * total_steps)
+        if step < steps:
+            return 1.0 - (1.0 - base) * step / max(1, steps - 1)
+        step, total_steps = step - steps, total_steps - steps
     progress = min(step, total_steps) / max(1, total_steps)
     if schedule == "cosine":
-        return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
+        return 1.0 - (1.0 - base) * (math.cos(math.pi * truncate * progress) + 1.0) / 2.0
     if schedule == "linear":
         return base + (1.0 - base) * progress
     raise ConfigError(f"unknown momentum_schedule {schedule!r}; known: {list(MOMENTUM_SCHEDULES)}")

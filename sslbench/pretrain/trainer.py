@@ -180,7 +180,7 @@ class Trainer:
         params = [p for p in self.method.parameters() if p.requires_grad]
         groups = checked_param_groups(self.method) if params else []
         self.optimizer = make_optimizer(groups, self.train_cfg, self.device) if params else None
-        self.momentum = check_momentum(cfg["params"]) if self.momentum_pairs else None  # (tau_base, schedule)
+        self.momentum = check_momentum(cfg["params"]) if self.momentum_pairs else None
         self.total_steps = self.train_cfg["epochs"] * self.steps_per_epoch
         self.loss_fn = _TrainingLoss(self.method)
         if self.world > 1 and params:
@@ -328,7 +328,8 @@ class Trainer:
         self.method.on_before_step(ctx)
         self.optimizer.step()
         if self.momentum_pairs:
-            tau = momentum_at(*self.momentum, self.state.step, self.total_steps)
+            base, schedule, warmup, truncate = self.momentum
+            tau = momentum_at(base, schedule, self.state.step, self.total_steps, warmup, truncate)
             for online, target in self.momentum_pairs:
                 ema_update(online, target, tau)
             ctx.log["target_momentum"] = tau  # the epoch's last

@@ -395,3 +395,11 @@ def test_the_number_of_samples_scales_every_column_alike_so_one_process_s_assign
         balanced_assignment(weights, 3, num_samples=40), balanced_assignment(weights, 3)
     )
     torch.testing.assert_close(balanced_assignment(weights, 3).sum(dim=1), torch.ones(7))
+
+
+def test_leading_dimensions_are_independent_problems_each_as_if_alone():
+    # CAPI's positionwise Sinkhorn-Knopp: one problem per patch position over the batch's images
+    weights = torch.rand(4, 7, 5, generator=torch.Generator().manual_seed(0)) + 0.1
+    alone = torch.stack([balanced_assignment(w, 3) for w in weights])
+    assert torch.equal(balanced_assignment(weights, 3), alone)
+    assert not torch.allclose(alone[0], alone[1])

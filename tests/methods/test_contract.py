@@ -234,6 +234,20 @@ def test_momentum_schedules_by_hand():
     assert linear == pytest.approx([0.996, 0.997, 1.0, 1.0], rel=1e-12)
 
 
+def test_capi_s_momentum_is_warmup_then_cosine_from_1_to_base_then_a_truncated_cosine_to_1():
+    """utils.py WarmupThenCosine(start_warmup_value 1, base 0.999, final 1, warmup W, truncate_cos 0.8):
+    np.linspace(1, base, W), then final + (base - final)(1 + cos(pi 0.8 i / (T - W))) / 2 at i = k - W."""
+    T, W, base = 200, 20, 0.999
+    official = list(torch.linspace(1.0, base, W, dtype=torch.float64)) + [
+        1.0 + (base - 1.0) * 0.5 * (1 + math.cos(math.pi * 0.8 * i / (T - W))) for i in range(T - W)
+    ]
+    got = [momentum_at(base, "cosine", k, T, warmup=0.1, truncate=0.8) for k in range(T)]
+    assert got == pytest.approx([float(v) for v in official], rel=0, abs=1e-12)
+    assert momentum_at(base, "cosine", T, T, warmup=0.1, truncate=0.8) == pytest.approx(
+        1 - 0.001 * 0.0955, abs=1e-6
+    )
+
+
 @pytest.mark.parametrize(
     "override, needle",
     [

@@ -81,6 +81,7 @@ OWN_SETTINGS = {
     "dinov3": {"gram_start": 0.0, **SGD_STEP},  # the Gram phase from the first step
     "franca": SGD_STEP,
     "ijepa": {**TINY_IJEPA, **SGD_STEP},
+    "capi": SGD_STEP,
     "mmcr": SGD_STEP,
     "visreg": SGD_STEP,
     "wmse": {"proj_dim": 8, "w_size": 16, **SGD_STEP},
@@ -91,12 +92,12 @@ CASES = {method: (method, OWN_SETTINGS.get(method, {})) for method in FOLDERS} |
     # differ between the ranks), a head of its own for the patches
     "dinov2-sinkhorn": ("dinov2", {"centering": "sinkhorn_knopp", "separate_head": True, **SGD_STEP}),
 }
-# Every method on a tiny ViT too (pixels has no backbone to swap; I-JEPA's own case is its ViT, without a
-# class token, whose 2-px patches its blocks need)
+# Every method on a tiny ViT too (pixels has no backbone to swap; I-JEPA's and CAPI's own cases are their
+# ViT, without a class token, with 2-px patches)
 CASES |= {
     f"{method}-vit": (method, {**VIT_OVERRIDES.get(method, {}), "backbone": TINY_VIT, **CASES[method][1]})
     for method in FOLDERS
-    if method not in ("pixels", "ijepa")
+    if method not in ("pixels", "ijepa", "capi")
 }
 GLOBAL_BATCH = 32  # 16 per rank: several images per class on each rank (SupCon's positives)
 HOOK_EPOCH = 4

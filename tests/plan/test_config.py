@@ -84,7 +84,7 @@ def test_methods_all_leaves_out_the_excluded_folders(tmp_path):
     # a name without a folder leaves nothing out (a copy of the suite may keep only some folders)
     assert selected_methods({"methods": "all", "methods_excluded": ["delta"]}, tmp_path) == every
     default = selected_methods(load_config(REPO / "config", [], {}), METHODS_DIR)
-    assert not {"simmim", "msn", "ibot", "ijepa", "dinov3", "franca"} & set(default) and {
+    assert not {"simmim", "msn", "ibot", "ijepa", "dinov3", "franca", "capi"} & set(default) and {
         "mae",
         "dinov2",
     } <= set(default)

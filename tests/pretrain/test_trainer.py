@@ -106,6 +106,7 @@ def live_state(method) -> dict:
             {"out_dim": 32, "ibot_out_dim": 32, "hidden_dim": 24, "bottleneck_dim": 12},
         ),  # masks, levels
         ("ijepa", TINY_IJEPA),  # masks drawn inside every step, the warm-up from warmup_start_lr
+        ("capi", {"num_clusters": 16}),  # masks drawn inside every step, the momentum's own warm-up
     ],
 )
 def test_fit_resumes_a_killed_run_rather_than_retraining_it(tmp_path, method_config, method, overrides):
