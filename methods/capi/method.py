@@ -31,28 +31,23 @@ from torch.nn.utils.parametrizations import weight_norm
 from sslbench import distributed as dist
 from sslbench.errors import ConfigError
 from sslbench.kit.clustering import balanced_assignment
+from sslbench.kit.losses import soft_cross_entropy
 from sslbench.kit.method import Method
 from sslbench.kit.momentum import frozen_copy
 from sslbench.kit.vit import (
     check_masked_vit,
+    encode_kept,
     fix_sincos_positions,
     inverse_block_mask,
     keep_patches,
     masked_tokens,
     shared_rng,
     sincos_pos_embed,
-    with_positions,
 )
 
 CONFIG = "methods/capi/config.yaml"
 NORM_EPS = 1e-5  # EncoderDecoder's norm_layer_kwargs
 EXP_SHIFT = 50.0  # model.py's exp_max_values in float32: every column's largest entry becomes exp(50)
-
-
-def cross_entropy(targets: torch.Tensor, logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The mean over every row (the leading dimensions) of -sum_k targets log softmax(logits / temperature),
-    in float32."""
-    return -(targets.float() * F.log_softmax(logits.float() / temperature, dim=-1)).sum(dim=-1).mean()
 
 
 @torch.no_grad()
@@ -83,7 +78,7 @@ class OnlineClustering(nn.Module):
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.layer(F.normalize(tokens.detach(), dim=-1, eps=1e-7))
         targets = positionwise_sinkhorn(logits, self.target_temp, self.iterations)
-        return targets, cross_entropy(targets, logits, self.pred_temp)
+        return targets, soft_cross_entropy(targets, logits, self.pred_temp)
 
 
 class CrossAttentionBlock(nn.Module):
@@ -207,15 +202,8 @@ class CAPI(Method):
         )
         predicted = masked.gather(1, chosen)
         visible = (~masks).nonzero()[:, 1].reshape(everyone, -1)
-        mine = slice(dist.rank() * batch, (dist.rank() + 1) * batch)
+        mine = dist.shard(everyone)
         return visible[mine].to(device), predicted[mine].to(device)
-
-    def encode_visible(self, images: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-        """forward_pretrain on the visible patches: positions added to every patch, the visible ones alone
-        through the blocks and the final norm."""
-        vit = self.backbone
-        x = keep_patches(with_positions(vit, vit.patch_embed(images)), [visible])
-        return vit.norm(vit.blocks(vit.norm_pre(x)))
 
     def training_loss(self, views, labels, indices):
         images = views[0]
@@ -223,9 +211,10 @@ class CAPI(Method):
         with torch.no_grad():  # do_teacher: the teacher sees every patch
             tokens = masked_tokens(self.target_encoder[0], images)
         targets, clustering_loss = self.clustering(tokens)
-        prediction = self.head(self.decoder(self.encode_visible(images, visible), predicted))
+        prediction = self.head(self.decoder(encode_kept(self.backbone, images, [visible]), predicted))
         return (
-            cross_entropy(keep_patches(targets, [predicted]), prediction, self.student_temp) + clustering_loss
+            soft_cross_entropy(keep_patches(targets, [predicted]), prediction, self.student_temp)
+            + clustering_loss
         )
 
     def param_groups(self):

@@ -31,6 +31,7 @@ from sslbench.kit.method import Method, exclude_bias_and_norm
 from sslbench.kit.momentum import frozen_copy
 from sslbench.kit.vit import (
     check_masked_vit,
+    encode_kept,
     fix_sincos_positions,
     keep_patches,
     masked_tokens,
@@ -38,7 +39,6 @@ from sslbench.kit.vit import (
     multiblock_masks,
     shared_rng,
     sincos_pos_embed,
-    with_positions,
 )
 
 CONFIG = "methods/ijepa/config.yaml"
@@ -140,15 +140,8 @@ class IJEPA(Method):
         the whole batch (the official collator draws and cuts each rank's)."""
         everyone = batch * dist.world_size()
         context, targets = multiblock_masks(everyone, self.grid, shared_rng(device), **self.masks)
-        mine = slice(dist.rank() * batch, (dist.rank() + 1) * batch)
+        mine = dist.shard(everyone)
         return [m[mine].to(device) for m in context], [m[mine].to(device) for m in targets]
-
-    def encode_context(self, images: torch.Tensor, context: list[torch.Tensor]) -> torch.Tensor:
-        """VisionTransformer.forward(x, masks): positions added to every patch, then each context mask's
-        patches alone through the blocks and the final norm. [len(context) B, Kc, D]."""
-        vit = self.backbone
-        x = keep_patches(with_positions(vit, vit.patch_embed(images)), context)
-        return vit.norm(vit.blocks(vit.norm_pre(x)))
 
     def training_loss(self, views, labels, indices):
         images = views[0]
@@ -157,7 +150,7 @@ class IJEPA(Method):
             h = masked_tokens(self.target_encoder[0], images)
             h = F.layer_norm(h.float(), h.shape[-1:])  # over the channels, no affine
             h = repeat_interleave_batch(keep_patches(h, targets), images.shape[0], len(context))
-        z = self.predictor(self.encode_context(images, context), context, targets)
+        z = self.predictor(encode_kept(self.backbone, images, context), context, targets)
         return F.smooth_l1_loss(z.float(), h)
 
     def param_groups(self):

@@ -350,6 +350,13 @@ def cross_view_cross_entropy(
     return torch.stack(terms).mean()
 
 
+def soft_cross_entropy(targets: torch.Tensor, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """-sum_k targets log softmax(logits / temperature) over the last dimension, in float32, the mean over
+    every other (CAPI's do_student and OnlineClustering losses: rows of patches, or of images x positions)."""
+    _require_positive("temperature", temperature)
+    return -(targets.float() * F.log_softmax(logits.float() / temperature, dim=-1)).sum(dim=-1).mean()
+
+
 def masked_patch_cross_entropy(
     teacher_probs: torch.Tensor, student_logits: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:

@@ -1,11 +1,11 @@
-"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT, DINOv2, I-JEPA, Franca) run
-it: the checks that it can be masked, the fixed 2-D sin-cos position table (MAE, I-JEPA), its class token and
-position embeddings added to patch tokens, every token with masked patches replaced by a mask token (SimMIM,
-iBOT, DINOv2), the tokens of some patches kept by index (I-JEPA), the random draws every rank makes alike (a
-whole batch's noise, a seeded generator), SimMIM's mask of random units of patches, BEiT's block-wise mask
-(iBOT) and DINOv2's draw of them over a batch, Franca's rolled inverse blocks, I-JEPA's multi-block context
-and target masks, and the layer of each parameter that layer-wise lr decay scales (MAE's fine-tuning, DINOv2's
-pretraining).
+"""A timm Vision Transformer as the masked-image methods (MAE, SimMIM, MSN, iBOT, DINOv2, I-JEPA, Franca,
+CAPI) the checks that it can be masked, the fixed 2-D sin-cos position table (MAE, I-JEPA), its class token
+and position embeddings added to patch tokens, every token with masked patches replaced by a mask token
+(SimMIM, iBOT, DINOv2), the tokens of some patches kept by index and encoded alone (I-JEPA, CAPI), the
+random draws every rank makes alike (a whole batch's noise, a seeded generator), SimMIM's mask of random
+units of patches, BEiT's block-wise mask (iBOT) and DINOv2's draw of them over a batch, Franca's rolled
+inverse blocks, I-JEPA's multi-block context and target masks, and the layer of each parameter that layer-
+wise lr decay scales (MAE's fine-tuning, DINOv2's pretraining).
 
 The encoder trained is the backbone's own modules (patch_embed, the positions, norm_pre, blocks, norm), so
 that the network trained is the network evaluated.
@@ -138,6 +138,14 @@ def keep_patches(tokens: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tenso
     masks one after another (I-JEPA's apply_masks)."""
     dim = tokens.shape[-1]
     return torch.cat([tokens.gather(1, m.unsqueeze(-1).expand(-1, -1, dim)) for m in masks])
+
+
+def encode_kept(vit: VisionTransformer, images: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
+    """[len(masks) N, K, D]: positions added to every patch, then each mask's patches (``keep_patches``)
+    alone through the blocks and the final norm (I-JEPA's VisionTransformer.forward(x, masks), CAPI's
+    encoder on the visible patches)."""
+    x = keep_patches(with_positions(vit, vit.patch_embed(images)), masks)
+    return vit.norm(vit.blocks(vit.norm_pre(x)))
 
 
 @torch.no_grad()

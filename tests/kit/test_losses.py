@@ -18,6 +18,7 @@ from sslbench.kit.losses import (
     proto_nce,
     relational,
     sample_negative_prototypes,
+    soft_cross_entropy,
     supcon,
 )
 
@@ -451,6 +452,21 @@ def test_me_max_by_hand_zero_for_a_uniform_mean_assignment_and_log_k_at_collapse
     assert float(me_max(spread)) == pytest.approx(0.0, abs=1e-6)
     collapsed = torch.tensor([[1 - 3e-7, 1e-7, 1e-7, 1e-7]]).repeat(4, 1)  # every row on prototype 0
     assert float(me_max(collapsed)) == pytest.approx(math.log(4), abs=1e-5)
+
+
+# --------------------------------------------------------------------------- soft_cross_entropy
+
+
+def test_soft_cross_entropy_with_one_hot_targets_is_cross_entropy_and_its_mean_is_over_every_row():
+    logits = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(7, (3, 5), generator=torch.Generator().manual_seed(1))
+    one_hot = F.one_hot(labels, 7).float()
+    expected = F.cross_entropy(logits.flatten(0, 1) / 0.5, labels.flatten())
+    torch.testing.assert_close(soft_cross_entropy(one_hot, logits, 0.5), expected)
+    # uniform targets over 2 classes of equal logits: log 2 per row
+    assert float(soft_cross_entropy(torch.full((4, 2), 0.5), torch.zeros(4, 2), 0.1)) == pytest.approx(
+        math.log(2)
+    )
 
 
 # --------------------------------------------------------------------------- masked_patch_cross_entropy

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from support import METHODS_DIR, TINY_IJEPA, random_views
 
 from sslbench.errors import ConfigError
-from sslbench.kit.vit import masked_tokens, sincos_pos_embed
+from sslbench.kit.vit import encode_kept, masked_tokens, sincos_pos_embed
 from sslbench.plugins import load_method_class
 
 ijepa = inspect.getmodule(load_method_class(METHODS_DIR / "ijepa"))
@@ -78,13 +78,13 @@ def test_the_context_encoding_sees_the_context_s_patches_only(method):
     patch = images.shape[-1] // method.grid[1]
     inside = int(context[0][0, 0])
     outside = next(i for i in range(method.grid[0] * method.grid[1]) if i not in context[0][0].tolist())
-    z = method.encode_context(images, context)
+    z = encode_kept(method.backbone, images, context)
 
     def edited(index):
         x = images.clone()
         row, col = divmod(index, method.grid[1])
         x[0, :, row * patch : (row + 1) * patch, col * patch : (col + 1) * patch] += 1.0
-        return method.encode_context(x, context)
+        return encode_kept(method.backbone, x, context)
 
     assert torch.equal(edited(outside), z)
     assert not torch.allclose(edited(inside)[0], z[0])
