@@ -140,7 +140,7 @@ class IBOT(Method):
                 for _ in range(self.num_views)
             ]
         )  # [views, everyone, h, w]
-        mine = masks[:, dist.rank() * batch : (dist.rank() + 1) * batch]
+        mine = masks[:, dist.shard(everyone)]
         return mine.reshape(-1, self.grid, self.grid).to(device)
 
     def draw_count(self, rng: random.Random) -> float:

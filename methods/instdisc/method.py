@@ -76,7 +76,7 @@ class InstDisc(Method):
         everyone = torch.randint(
             self.info.num_train, (batch * dist.world_size(), self.num_negatives), device=self.memory.device
         )
-        return dist.broadcast(everyone)[dist.rank() * batch : (dist.rank() + 1) * batch]
+        return dist.broadcast(everyone)[dist.shard(len(everyone))]
 
     @torch.no_grad()
     def estimate_z(self, scores: torch.Tensor) -> None:

@@ -231,7 +231,7 @@ class MaskedSelfDistillation(Method):
         n = self.grid * self.grid
         masks = torch.stack([self.mask(int(n * share), rng) for share in shares])
         masks = masks.view(self.num_views, everyone, self.grid, self.grid)
-        mine = masks[:, dist.rank() * batch : (dist.rank() + 1) * batch]
+        mine = masks[:, dist.shard(everyone)]
         return mine.reshape(-1, self.grid, self.grid).to(device)
 
     def mask(self, count: int, rng) -> torch.Tensor:

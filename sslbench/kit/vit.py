@@ -163,7 +163,7 @@ def batch_draw(batch: int, length: int, device) -> torch.Tensor:
     distribution; here 2 processes compute what one computes on the whole batch. In one process:
     torch.rand(batch, length) from the global RNG the trainer seeds."""
     everyone = torch.rand(batch * dist.world_size(), length, device=device)
-    return dist.broadcast(everyone)[dist.rank() * batch : (dist.rank() + 1) * batch]
+    return dist.broadcast(everyone)[dist.shard(len(everyone))]
 
 
 def random_unit_mask(noise: torch.Tensor, count: int, grid: tuple[int, int], unit: int) -> torch.Tensor:
