@@ -9,10 +9,11 @@ evaluated has it too): ``sobel``, DeepCluster's. A method asks for it in its con
 (``backbone: {input_filter: sobel}``); the suite's backbone section never sets it.
 
 ``backbone.args`` go to ``timm.create_model`` as they are. A Vision Transformer takes the dataset's image
-size (``img_size``) and ``dynamic_img_size: true`` unless its args say otherwise: multi-crop views of
-another size then resample the position embeddings at each forward (timm's bicubic, antialiased
-resampling, where DINO's ``interpolate_pos_encoding`` scales by the size ratio + 0.1 without antialias:
-one implementation for every method, the values differ slightly).
+size (``img_size``) unless its args say otherwise; timm's ``vision_transformer`` models also take
+``dynamic_img_size: true`` (BEiT's family, whose relative position bias is sized for one grid, does not):
+multi-crop views of another size then resample the position embeddings at each forward (timm's
+bicubic, antialiased resampling, where DINO's ``interpolate_pos_encoding`` scales by the size ratio + 0.1
+without antialias: one implementation for every method, the values differ slightly).
 
 What a network's features are (``backbone.features``, ``FEATURES``): ``pooled``, its own pooled output
 (a ResNet's global average; a ViT's per its ``global_pool`` arg: ``token``, the class token after the
@@ -41,7 +42,8 @@ class BackboneError(SslbenchError, ValueError):
 PIXELS = "pixels"
 INPUT_FILTERS = ("sobel",)
 FEATURES = ("pooled", "last4_cls", "cls_avgpool")
-VIT_MODULES = ("vision_transformer",)  # timm modules whose models take img_size and dynamic_img_size
+VIT_MODULES = ("vision_transformer", "beit")  # timm's ViT families: class token, blocks, global_pool, norms
+RESIZING_MODULES = ("vision_transformer",)  # those whose models also take dynamic_img_size
 
 
 class Pixels(nn.Module):
@@ -84,7 +86,8 @@ def create_backbone(
             f"similar names: {close or 'none'}; see timm.list_models()"
         )
     if is_vit(name):
-        kwargs = {"img_size": image_size, "dynamic_img_size": True, **kwargs}
+        resizing = timm.models.is_model_in_modules(name, RESIZING_MODULES)
+        kwargs = {"img_size": image_size, **({"dynamic_img_size": True} if resizing else {}), **kwargs}
     try:
         model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_chans, **kwargs)
     except (TypeError, ValueError, AssertionError) as err:

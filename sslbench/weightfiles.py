@@ -171,6 +171,20 @@ FORMATS: dict[str, Format] = {
             "global_pool: avg, fc_norm: false}` (ViT-H/14: vit_huge_patch14_224); the predictor is not read"
         ),
     ),
+    "simmim": Format(
+        "microsoft/SimMIM utils.py load_pretrained (the 'model' entry, 'encoder.' removed, "
+        "remap_pretrained_keys_vit's relative_position_index dropped)",
+        wrapper="model",
+        prefix="encoder.",
+        drop=("decoder.", "encoder.mask_token", "encoder.rel_pos_bias.relative_position_index"),
+        note=(
+            "the encoder is models/vision_transformer.py's ViT (BEiT's: a shared relative position bias, "
+            "layer scale gamma_1/gamma_2, q and v biases), whose key names are timm's Beit's: load the ViT-B "
+            "into timm's beit_base_patch16_224 with `args: {use_rel_pos_bias: false, "
+            "use_shared_rel_pos_bias: true, global_pool: token}` (its own defaults: no absolute positions, "
+            "layer scale 0.1); the decoder and the mask token are not read"
+        ),
+    ),
     "dinov2": Format(
         "facebookresearch/dinov2 dinov2/hub/backbones.py (the README's `*_pretrain.pth` backbone files)",
         wrapper=None,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
+from timm.models.beit import gen_relative_position_index
 from torch import nn
 
 from sslbench import atomic
@@ -81,6 +82,13 @@ OFFICIAL_FIELDS: dict[str, Callable[[], dict]] = {
         "batch_size": 128,
         "world_size": 16,
         "lr": 0.001,
+    },
+    "simmim": lambda: {  # utils.py save_checkpoint's entries beside the model (config: a yacs CfgNode there)
+        "optimizer": {"state": {}, "param_groups": []},
+        "lr_scheduler": {"decay_t": [700], "decay_rate": 0.1},
+        "max_accuracy": 0.0,
+        "epoch": 799,
+        "config": {"MODEL": {"TYPE": "vit", "NAME": "simmim_pretrain"}},
     },
     "densecl": lambda: {"author": "DenseCL"},
     "instdisc": lambda: {
@@ -260,6 +268,11 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
         | {"module.queue": torch.randn(32, 16), "module.queue_ptr": torch.zeros(1, dtype=torch.long)}
     ),
     "densecl": lambda state, d: {},  # the released files are the extracted backbone
+    "simmim": lambda state, d: (  # the decoder (1x1 conv to 16 x 16 x 3, pixel shuffle), mask token, index
+        {"decoder.0.weight": torch.randn(16 * 16 * 3, d, 1, 1) / d**0.5, "decoder.0.bias": torch.zeros(768)}
+        | {"encoder.mask_token": torch.zeros(1, 1, d)}
+        | {"encoder.rel_pos_bias.relative_position_index": gen_relative_position_index((4, 4))}
+    ),
     "dinov2": lambda state, d: {"mask_token": torch.zeros(1, d)},  # DinoVisionTransformer's [1, D]
     "ijepa": lambda state, d: {},  # an encoder entry holds the encoder alone (the predictor: its own entry)
     "msn": lambda state, d: (  # init_model's fc: Linear, BN, GELU, Linear, BN, GELU, Linear

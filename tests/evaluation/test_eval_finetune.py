@@ -8,8 +8,9 @@ import torch
 from support import tiny_checkpoint, tiny_vit
 from torch import nn
 
-from evaluation import finetune
+from evaluation import finetune, semisup
 from evaluation.common import ProtocolError
+from sslbench.backbones import backbone_from_config
 from sslbench.extract.features import read_checkpoint
 from sslbench.optim import learning_rate
 
@@ -127,6 +128,32 @@ def test_avg_pool_is_maes_global_pool_and_token_the_class_token(mae_checkpoint):
         token = finetune.backbone_for_finetuning(ckpt, 8, 0.0, "token").eval()
         assert torch.allclose(token(x), token.norm(tokens)[:, 0], atol=1e-6)
     assert isinstance(pooled.norm, nn.Identity) and isinstance(token.norm, nn.LayerNorm)
+
+
+def test_a_beit_is_fine_tuned_as_a_vit_its_avg_pool_simmim_s_mean_pooling():
+    # SimMIM's released encoder is BEiT's ViT (timm's Beit, format simmim); its fine-tuning pools the mean
+    # patch token through a new norm (USE_MEAN_POOLING), and semisup takes the ViT recipe
+    args = {"patch_size": 4, "embed_dim": 12, "depth": 1, "num_heads": 2, "global_pool": "token"}
+    section = {
+        "name": "beit_base_patch16_224",
+        "args": args | {"use_rel_pos_bias": False, "use_shared_rel_pos_bias": True},
+    }
+    encoder = backbone_from_config({"backbone": section}, 1, 8)
+    ckpt = {
+        "cfg": {"backbone": section},
+        "meta": {"image_size": 8, "channels": 1},
+        "encoder": encoder.state_dict(),
+    }
+    x = torch.randn(3, 1, 8, 8)
+    pooled = finetune.backbone_for_finetuning(ckpt, 8, 0.0, "avg").eval()
+    with torch.no_grad():
+        tokens = encoder.eval().forward_features(x)
+        assert torch.allclose(encoder(x), tokens[:, 0])
+        patches = pooled.forward_features(x)[:, 1:]  # no final norm now
+        expected = nn.functional.layer_norm(patches.mean(1), (12,), eps=1e-6)
+        assert torch.allclose(pooled(x), expected, atol=1e-6)
+    assert isinstance(pooled.norm, nn.Identity) and pooled.global_pool == "avg"
+    assert semisup.chosen_recipe("auto", ckpt) == "vit"
 
 
 def test_token_pooling_is_refused_on_a_resnet(resnet_checkpoint):

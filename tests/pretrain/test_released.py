@@ -9,6 +9,7 @@ import textwrap
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 
 from sslbench.pretrain import released
 from sslbench.pretrain.official_files import example_heads, write_official
@@ -359,6 +360,84 @@ def test_an_ijepa_checkpoint_s_target_encoder_by_default_the_context_encoder_on_
         ReleasedWeightsError, match="cls_token"
     ):  # a ViT with a class token: its key is missing
         load_backbone(fresh_vit(), backbone_state(path, "ijepa"), path)
+
+
+SIMMIM_VIT = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 48, "num_heads": 3, "num_classes": 0}
+SIMMIM_VIT |= {"use_abs_pos_emb": False, "use_rel_pos_bias": False, "use_shared_rel_pos_bias": True}
+SIMMIM_VIT |= {"init_values": 0.1, "global_pool": "token"}  # beit_base_patch16_224 has a bias per block
+
+
+def simmim_relative_position_index(side: int) -> torch.Tensor:
+    """RelativePositionBias's index in SimMIM's models/vision_transformer.py, written out: each pair of
+    patches by its row and column offsets, and three more entries for the class token's pairs."""
+    rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    rows, cols = rows.flatten(), cols.flatten()
+    span = 2 * side - 1
+    distances = span * span
+    index = torch.empty(side * side + 1, side * side + 1, dtype=torch.long)
+    index[1:, 1:] = (rows[:, None] - rows[None, :] + side - 1) * span + (
+        cols[:, None] - cols[None, :] + side - 1
+    )
+    index[0, :] = distances  # class token to patch
+    index[:, 0] = distances + 1  # patch to class token
+    index[0, 0] = distances + 2
+    return index
+
+
+def simmim_features(state: dict, index: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """SimMIM's VisionTransformer.forward_features (USE_MEAN_POOLING False) on the file's encoder keys: the
+    class token after the final norm. q and v have biases, k none; the shared bias is added to every
+    block's attention logits; gamma_1 and gamma_2 scale the two branches."""
+    dim, heads, patch = 48, 3, 8
+    norm = lambda x, key: F.layer_norm(x, (dim,), state[f"{key}.weight"], state[f"{key}.bias"], eps=1e-6)
+    x = F.conv2d(images, state["patch_embed.proj.weight"], state["patch_embed.proj.bias"], stride=patch)
+    x = torch.cat([state["cls_token"].expand(len(images), -1, -1), x.flatten(2).transpose(1, 2)], dim=1)
+    b, n, _ = x.shape
+    bias = (
+        state["rel_pos_bias.relative_position_bias_table"][index.flatten()].view(n, n, heads).permute(2, 0, 1)
+    )
+    for i in range(2):
+        p = {key.removeprefix(f"blocks.{i}."): value for key, value in state.items()}
+        qkv_bias = torch.cat([p["attn.q_bias"], torch.zeros(dim), p["attn.v_bias"]])
+        qkv = F.linear(norm(x, f"blocks.{i}.norm1"), p["attn.qkv.weight"], qkv_bias)
+        q, k, v = qkv.reshape(b, n, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
+        attn = ((q * (dim // heads) ** -0.5) @ k.transpose(-2, -1) + bias).softmax(dim=-1)
+        out = F.linear(
+            (attn @ v).transpose(1, 2).reshape(b, n, dim), p["attn.proj.weight"], p["attn.proj.bias"]
+        )
+        x = x + p["gamma_1"] * out
+        hidden = F.gelu(F.linear(norm(x, f"blocks.{i}.norm2"), p["mlp.fc1.weight"], p["mlp.fc1.bias"]))
+        x = x + p["gamma_2"] * F.linear(hidden, p["mlp.fc2.weight"], p["mlp.fc2.bias"])
+    return norm(x, "norm")[:, 0]
+
+
+def test_a_simmim_checkpoint_s_encoder_loads_into_timm_s_beit_and_gives_the_official_vit_s_features(tmp_path):
+    # simmim_pretrain__vit_base__img224__800ep.pth: save_checkpoint's `model`, SimMIM(encoder, decoder)'s
+    # state dict: BEiT's ViT (shared relative position bias, layer scale) as `encoder.`, with its mask
+    # token and the index buffer, and the 1x1-conv decoder
+    torch.manual_seed(0)
+    encoder = timm.create_model("beit_base_patch16_224", **SIMMIM_VIT).eval()
+    with torch.no_grad():
+        for value in encoder.state_dict().values():
+            value.normal_(0, 0.2)
+    path = write_official(
+        encoder.state_dict(), "simmim", tmp_path / "simmim.pth", heads=example_heads("simmim", {}, 48)
+    )
+    checkpoint = torch.load(path, weights_only=False)
+    index = checkpoint["model"]["encoder.rel_pos_bias.relative_position_index"]
+    assert torch.equal(index, simmim_relative_position_index(4))  # timm's Beit indexes as SimMIM does
+
+    loaded = load_backbone(
+        timm.create_model("beit_base_patch16_224", **SIMMIM_VIT), backbone_state(path, "simmim"), path
+    )
+
+    assert_same_backbone(loaded, encoder)
+    images = torch.randn(2, 3, 32, 32)
+    file_state = {k.removeprefix("encoder."): v for k, v in checkpoint["model"].items()}
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(images), simmim_features(file_state, index, images))
+    with pytest.raises(ReleasedWeightsError, match="rel_pos_bias"):  # a plain ViT has no shared bias
+        load_backbone(fresh_vit(), backbone_state(path, "simmim"), path)
 
 
 def test_a_dinov2_hub_file_loads_into_timm_s_vit_with_layer_scale_and_518_px_positions(tmp_path):
