@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sslbench import capi_vit  # noqa: F401  (registers capi_vit_large_patch14 with timm)
 from sslbench.errors import SslbenchError
 
 

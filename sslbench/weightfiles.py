@@ -24,6 +24,7 @@ class Format:
     prefix: str = ""  # of the backbone's keys in the file, stripped
     also_strips: tuple[str, ...] = ()  # other prefixes the loader strips (the first a key starts with)
     drop: tuple[str, ...] = ()  # keys (as in the file) of heads and other networks, dropped
+    prefixed_only: bool = False  # the loader reads the keys with `prefix` alone, and ignores the others
     also_reads: tuple[str, ...] = ()  # other top-level entries the loader accepts, tried after `wrapper`
     parts: tuple[str, ...] = ()  # entries `part` may select, the first by default
     backbone_file: bool = False  # also released as a bare state dict of the backbone, plain keys
@@ -183,6 +184,18 @@ FORMATS: dict[str, Format] = {
             "into timm's beit_base_patch16_224 with `args: {use_rel_pos_bias: false, "
             "use_shared_rel_pos_bias: true, global_pool: token}` (its own defaults: no absolute positions, "
             "layer scale 0.1); the decoder and the mask token are not read"
+        ),
+    ),
+    "capi": Format(
+        "facebookresearch/capi model.py __model_loader__ (hubconf.py's capi_vitl14_*.pth: 'backbone.' keys)",
+        wrapper=None,
+        prefix="backbone.",
+        prefixed_only=True,
+        drop=("backbone.decoder.", "backbone.mask_token"),
+        note=(
+            "the encoder of CAPI's EncoderDecoder (registers, RoPE, RMSNorm, no biases), which timm's ViTs "
+            "cannot hold: load it into the suite's capi_vit_large_patch14 (sslbench/capi_vit.py); the "
+            "decoder and its mask token are not read"
         ),
     ),
     "dinov2": Format(

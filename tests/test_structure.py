@@ -46,7 +46,7 @@ LAYERS = [
     ["errors", "atomic", "kernels", "provenance", "memo", "launch"],
     ["kmeans", "knn", "extract.featurefile", "data.files", "weightfiles"],  # file formats every stage reads
     ["data"],  # the dataset registry, specs, loaders (data.datasets), containers, prepared files
-    ["augment", "backbones", "distributed", "optim", "plan.limits"],  # plan.limits: numbers alone
+    ["augment", "backbones", "capi_vit", "distributed", "optim", "plan.limits"],  # plan.limits: numbers alone
     ["sslbench", "kit", "plugins"],  # sslbench: the package itself; kit: what a method builds with
     ["plan"],
     ["pretrain"],

@@ -273,6 +273,11 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
         | {"encoder.mask_token": torch.zeros(1, 1, d)}
         | {"encoder.rel_pos_bias.relative_position_index": gen_relative_position_index((4, 4))}
     ),
+    "capi": lambda state, d: (  # EncoderDecoder's decoder (one block here) and its mask token
+        {f"backbone.decoder.blocks.0.residual{i}.norm.weight": torch.ones(d) for i in (1, 2)}
+        | linear("backbone.decoder.blocks.0.residual1.fn.q_proj", d, d, bias=False)
+        | {"backbone.mask_token": torch.zeros(1, d)}
+    ),
     "dinov2": lambda state, d: {"mask_token": torch.zeros(1, d)},  # DinoVisionTransformer's [1, D]
     "ijepa": lambda state, d: {},  # an encoder entry holds the encoder alone (the predictor: its own entry)
     "msn": lambda state, d: (  # init_model's fc: Linear, BN, GELU, Linear, BN, GELU, Linear

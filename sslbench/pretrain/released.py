@@ -168,9 +168,11 @@ def strip_prefix(key: str, prefixes: tuple[str, ...]) -> str:
 
 
 def rename(weights: Mapping[str, torch.Tensor], fmt: Format) -> dict[str, torch.Tensor]:
-    """The format's keys in the backbone's names: declared heads dropped, the prefix stripped."""
+    """The format's keys in the backbone's names: declared heads dropped (and, for a loader that reads the
+    prefixed keys alone, every other key), the prefix stripped."""
     strips = (fmt.prefix, *fmt.also_strips)
-    return {strip_prefix(k, strips): v for k, v in weights.items() if not k.startswith(fmt.drop)}
+    read = lambda key: not key.startswith(fmt.drop) and (key.startswith(fmt.prefix) or not fmt.prefixed_only)
+    return {strip_prefix(k, strips): v for k, v in weights.items() if read(k)}
 
 
 def backbone_state(path: str | Path, format: str, part: str | None = None) -> dict[str, torch.Tensor]:

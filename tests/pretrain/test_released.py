@@ -11,6 +11,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
+from sslbench.backbones import create_backbone
 from sslbench.pretrain import released
 from sslbench.pretrain.official_files import example_heads, write_official
 from sslbench.pretrain.released import backbone_state, load_backbone
@@ -438,6 +439,31 @@ def test_a_simmim_checkpoint_s_encoder_loads_into_timm_s_beit_and_gives_the_offi
         torch.testing.assert_close(loaded.eval()(images), simmim_features(file_state, index, images))
     with pytest.raises(ReleasedWeightsError, match="rel_pos_bias"):  # a plain ViT has no shared bias
         load_backbone(fresh_vit(), backbone_state(path, "simmim"), path)
+
+
+def test_a_capi_hub_file_s_backbone_keys_load_into_the_suite_s_capi_vit_the_others_ignored(tmp_path):
+    # capi_vitl14_*.pth: a state dict whose `backbone.` keys are EncoderDecoder's; __model_loader__ reads
+    # those alone (a key without the prefix stands for whatever else the file holds)
+    args = {"patch_size": 4, "embed_dim": 24, "depth": 2, "num_heads": 2, "n_registers": 8}
+    torch.manual_seed(0)
+    encoder = create_backbone("capi_vit_large_patch14", image_size=16, **args).eval()
+    with torch.no_grad():
+        for value in encoder.state_dict().values():
+            value.normal_(0, 0.2)
+    path = write_official(
+        encoder.state_dict(), "capi", tmp_path / "capi.pth", heads=example_heads("capi", {}, 24)
+    )
+    checkpoint = torch.load(path, weights_only=True)
+    assert "backbone.encoder.blocks.1.residual1.fn.rope.freqs" in checkpoint
+    torch.save(checkpoint | {"clustering.weight": torch.randn(16, 24)}, path)
+
+    loaded = load_backbone(
+        create_backbone("capi_vit_large_patch14", image_size=16, **args), backbone_state(path, "capi"), path
+    )
+
+    assert_same_backbone(loaded, encoder)
+    with pytest.raises(ReleasedWeightsError, match="registers"):  # timm's ViT has none
+        load_backbone(fresh_vit(), backbone_state(path, "capi"), path)
 
 
 def test_a_dinov2_hub_file_loads_into_timm_s_vit_with_layer_scale_and_518_px_positions(tmp_path):
