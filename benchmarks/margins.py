@@ -37,6 +37,9 @@ def margin_rows(table: pd.DataFrame, seeds: list[int]) -> pd.DataFrame:
     for method, run in runs.iterrows():
         if run["role"] != "learned" and run["method_base"] != "supervised":
             continue
+        if run["floor"] not in by_method:
+            print(f"{method}: its floor ({run['floor']}) has no rows in the table; left out")
+            continue
         values = by_method[method].reindex(seeds).dropna()
         floor = by_method[run["floor"]]
         margin = welch_margin(values.to_numpy(), floor.to_numpy())
@@ -62,7 +65,7 @@ def margin_rows(table: pd.DataFrame, seeds: list[int]) -> pd.DataFrame:
                 "sd_margin_floor_mean": against_mean.std(ddof=1),
             }
         )
-    return pd.DataFrame(out).sort_values("margin", ascending=False)
+    return pd.DataFrame(out).sort_values("margin", ascending=False) if out else pd.DataFrame()
 
 
 def main() -> None:
@@ -89,6 +92,10 @@ def main() -> None:
         table = table[(table["method"] == table["method_base"]) | (table["method_base"] == "random")]
     seeds = seed_range(args.seeds)
     rows = margin_rows(table, seeds)
+    if rows.empty:
+        raise SystemExit(
+            f"{args.table}: no learned run with its floor's rows ({args.protocol} {args.metric})"
+        )
     if args.write_record:
         floors = table["method"].isin(rows["floor"])
         chosen = table[floors | table["seed"].isin(seeds)]
