@@ -25,6 +25,7 @@ class Format:
     also_strips: tuple[str, ...] = ()  # other prefixes the loader strips (the first a key starts with)
     drop: tuple[str, ...] = ()  # keys (as in the file) of heads and other networks, dropped
     prefixed_only: bool = False  # the loader reads the keys with `prefix` alone, and ignores the others
+    convert: str | None = None  # a key conversion after the renaming (sslbench.pretrain.released.CONVERSIONS)
     also_reads: tuple[str, ...] = ()  # other top-level entries the loader accepts, tried after `wrapper`
     parts: tuple[str, ...] = ()  # entries `part` may select, the first by default
     backbone_file: bool = False  # also released as a bare state dict of the backbone, plain keys
@@ -207,6 +208,18 @@ FORMATS: dict[str, Format] = {
             "its position embeddings of 518 px (37 x 37 patches): load it into timm's vit_*_patch14_dinov2 "
             "with `args: {img_size: 518}`, which resamples them to the images' size; the registers' files "
             "(register_tokens) and ViT-g/14's SwiGLU blocks (w12, w3) are not read"
+        ),
+    ),
+    "dinov3": Format(
+        "facebookresearch/dinov3 dinov3/hub/backbones.py (the `*_pretrain_lvd1689m-*.pth` backbone files)",
+        wrapper=None,
+        drop=("mask_token", "local_cls_norm."),  # the masked patches' token; the 7B's local-crop norm
+        convert="dinov3",
+        note=(
+            "DinoVisionTransformer's state dict (4 storage tokens, RoPE, layer scale, a k-masked qkv "
+            "bias) as timm's Eva names it: load ViT-S/16, S+/16, B/16 or L/16 into timm's "
+            "vit_*_patch16_dinov3_qkvb with `args: {global_pool: token}`; the RoPE periods follow from "
+            "the model's settings, and the SwiGLU blocks of H+/16 and 7B are not read"
         ),
     ),
     "torchvision": Format(

@@ -288,6 +288,7 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
         | linear("module.fc.fc3", 32, 64)
     ),
     "byol": lambda state, d: linear("fc", 1000, d),
+    "dinov3": lambda state, d: {"mask_token": torch.zeros(1, d)},  # DinoVisionTransformer's [1, D]
     "torchvision": lambda state, d: linear("fc", 1000, d),
     "timm": lambda state, d: linear("fc", 1000, d),
 }

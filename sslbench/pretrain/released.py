@@ -175,12 +175,39 @@ def rename(weights: Mapping[str, torch.Tensor], fmt: Format) -> dict[str, torch.
     return {strip_prefix(k, strips): v for k, v in weights.items() if read(k)}
 
 
+def dinov3_to_timm(state: Mapping[str, torch.Tensor], path) -> dict[str, torch.Tensor]:
+    """DINOv3's DinoVisionTransformer keys as timm's Eva (``vit_*_dinov3_qkvb``) names them: layer scale
+    ``ls1/ls2.gamma`` as ``gamma_1/gamma_2``, ``storage_tokens`` as ``reg_token``, and each qkv bias as the
+    official layer applies it (``LinearKMaskedBias``: bias x bias_mask, the mask zero on k) split into
+    ``q_bias`` and ``v_bias``. The RoPE periods are a function of the model's settings and not read."""
+    out = {}
+    for key, value in state.items():
+        if key.endswith(("rope_embed.periods", "qkv.bias_mask")):
+            continue
+        if key.endswith("qkv.bias"):
+            q, k, v = (value * state[f"{key}_mask"]).chunk(3)
+            if k.any():
+                raise ReleasedWeightsError(
+                    f"{path}: {key}_mask leaves a k bias, which timm's Eva (k bias fixed at 0) cannot hold"
+                )
+            out[key.replace("qkv.bias", "q_bias")], out[key.replace("qkv.bias", "v_bias")] = q, v
+            continue
+        renames = (("ls1.gamma", "gamma_1"), ("ls2.gamma", "gamma_2"), ("storage_tokens", "reg_token"))
+        for old, new in renames:
+            key = key.replace(old, new)
+        out[key] = value
+    return out
+
+
+CONVERSIONS = {"dinov3": dinov3_to_timm}  # Format.convert: key conversions beyond renaming
+
+
 def backbone_state(path: str | Path, format: str, part: str | None = None) -> dict[str, torch.Tensor]:
     """The backbone's state dict in a released file of ``format``, in timm's key names; ``part`` picks
     one of the format's ``parts`` (DINO: ``teacher``, the default, or ``student``)."""
     fmt = get_format(format)
-    weights = select_weights(read_file(path, format), format, fmt, path, part)
-    return rename(weights, fmt)
+    state = rename(select_weights(read_file(path, format), format, fmt, path, part), fmt)
+    return CONVERSIONS[fmt.convert](state, path) if fmt.convert else state
 
 
 def few(items: list[str]) -> str:

@@ -466,6 +466,46 @@ def test_a_capi_hub_file_s_backbone_keys_load_into_the_suite_s_capi_vit_the_othe
         load_backbone(fresh_vit(), backbone_state(path, "capi"), path)
 
 
+def dinov3_file(state: dict, k_mask: float = 0.0) -> dict:
+    """A DINOv3 hub file (dinov3_vits16_pretrain_lvd1689m-*.pth) for a timm Eva's weights, its keys written
+    out as DinoVisionTransformer names them: storage_tokens, ls1/ls2.gamma, each qkv bias whole (its k
+    third random) with its bias_mask (1 on q and v, ``k_mask`` on k), RoPE's periods and the mask token."""
+    out = {}
+    for key, value in state.items():
+        if key.endswith("attn.q_bias"):
+            qkv = key.replace("q_bias", "qkv.bias")
+            out[qkv] = torch.cat([value, torch.randn_like(value), state[key.replace("q_bias", "v_bias")]])
+            ones = torch.ones_like(value)
+            out[f"{qkv}_mask"] = torch.cat([ones, k_mask * ones, ones])
+        elif not key.endswith("attn.v_bias"):
+            key = key.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
+            out[key.replace("reg_token", "storage_tokens")] = value
+    return out | {
+        "rope_embed.periods": torch.rand(4),
+        "mask_token": torch.zeros(1, state["cls_token"].shape[-1]),
+    }
+
+
+def test_a_dinov3_hub_file_loads_into_timm_s_eva_its_masked_qkv_bias_as_q_and_v_biases(tmp_path):
+    args = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3, "num_classes": 0}
+    args["global_pool"] = "token"
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_patch16_dinov3_qkvb", **args).eval()
+    with torch.no_grad():
+        for value in model.state_dict().values():
+            value.normal_(0, 0.2)
+    path = tmp_path / "dinov3_vits16_pretrain_lvd1689m.pth"
+    torch.save(dinov3_file(model.state_dict()), path)
+    assert "blocks.1.ls2.gamma" in torch.load(path) and "reg_token" not in torch.load(path)
+
+    fresh_eva = lambda: timm.create_model("vit_small_patch16_dinov3_qkvb", **args)
+    assert_same_backbone(load_backbone(fresh_eva(), backbone_state(path, "dinov3"), path), model)
+
+    torch.save(dinov3_file(model.state_dict(), k_mask=1.0), path)  # a k bias the official layer would add
+    with pytest.raises(ReleasedWeightsError, match="blocks.0.attn.qkv.bias_mask leaves a k bias"):
+        backbone_state(path, "dinov3")
+
+
 def test_a_dinov2_hub_file_loads_into_timm_s_vit_with_layer_scale_and_518_px_positions(tmp_path):
     # dinov2_vits14_pretrain.pth: DinoVisionTransformer's state dict, timm's names, its mask token beside
     # them, position embeddings of 37 x 37 patches; a small one here (4 x 4 patches of 8 px, 32-px inputs)
