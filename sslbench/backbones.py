@@ -30,6 +30,7 @@ from __future__ import annotations
 import timm
 import torch
 import torch.nn.functional as F
+from timm.layers import SwiGLUPacked
 from torch import nn
 
 from sslbench import capi_vit  # noqa: F401  (registers capi_vit_large_patch14 with timm)
@@ -45,6 +46,7 @@ INPUT_FILTERS = ("sobel",)
 FEATURES = ("pooled", "last4_cls", "cls_avgpool")
 VIT_MODULES = ("vision_transformer", "beit")  # timm's ViT families: class token, blocks, global_pool, norms
 RESIZING_MODULES = ("vision_transformer",)  # those whose models also take dynamic_img_size
+MLP_LAYERS = {"swiglu_packed": SwiGLUPacked}  # `backbone.args.mlp_layer` by name (DINOv2's fused SwiGLU)
 
 
 class Pixels(nn.Module):
@@ -86,6 +88,13 @@ def create_backbone(
             f"unknown backbone {name!r} (config key `backbone.name`): not a timm model name; "
             f"similar names: {close or 'none'}; see timm.list_models()"
         )
+    if isinstance(kwargs.get("mlp_layer"), str):
+        if kwargs["mlp_layer"] not in MLP_LAYERS:
+            raise BackboneError(
+                f"config key `backbone.args.mlp_layer` = {kwargs['mlp_layer']!r}: known names are "
+                f"{', '.join(MLP_LAYERS)}"
+            )
+        kwargs = {**kwargs, "mlp_layer": MLP_LAYERS[kwargs["mlp_layer"]]}
     if is_vit(name):
         resizing = timm.models.is_model_in_modules(name, RESIZING_MODULES)
         kwargs = {"img_size": image_size, **({"dynamic_img_size": True} if resizing else {}), **kwargs}

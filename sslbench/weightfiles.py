@@ -222,6 +222,24 @@ FORMATS: dict[str, Format] = {
             "the model's settings, and the SwiGLU blocks of H+/16 and 7B are not read"
         ),
     ),
+    "franca": Format(
+        "valeoai/Franca franca/hub/backbones.py _make_franca_model (the 'teacher' entry, 'module.' and "
+        "'backbone.' removed)",
+        wrapper="teacher",
+        prefix="backbone.",
+        also_strips=("module.backbone.",),
+        drop=(
+            *("backbone.mask_token", "dino_head.", "ibot_head."),
+            *("module.backbone.mask_token", "module.dino_head.", "module.ibot_head."),
+        ),
+        convert="dinov2_code",
+        note=(
+            "DINOv2's ViT as its training code saves it (blocks in chunks, the fused SwiGLU's w12 and w3): "
+            "load ViT-B/14 or L/14 into timm's vit_*_patch14_dinov2 with `args: {mlp_layer: swiglu_packed, "
+            "act_layer: silu, mlp_ratio: 5.334}` (L/14: 5.34375) and the hub's img_size (B/14's IN-21K "
+            "file: 518, resampled to the images' size; L/14's: 224); the heads are not read"
+        ),
+    ),
     "torchvision": Format(
         "pytorch/vision torchvision/models/resnet.py", wrapper=None, drop=TORCHVISION_CLASSIFIER
     ),

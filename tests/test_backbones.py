@@ -28,6 +28,13 @@ def test_unknown_backbone_is_a_clear_error():
         create_backbone("resnet_18")
 
 
+def test_an_mlp_layer_is_named_and_an_unknown_name_is_a_clear_error():
+    vit = create_backbone("test_vit", image_size=32, mlp_layer="swiglu_packed", act_layer="silu")
+    assert type(vit.blocks[0].mlp).__name__ == "GluMlp" and isinstance(vit.blocks[0].mlp.act, torch.nn.SiLU)
+    with pytest.raises(BackboneError, match="mlp_layer` = 'swiglu'.*swiglu_packed"):
+        create_backbone("test_vit", mlp_layer="swiglu")
+
+
 def test_small_stem_on_a_non_resnet_is_refused():
     with pytest.raises(BackboneError, match="small_stem"):
         create_backbone("test_vit", small_stem=True)

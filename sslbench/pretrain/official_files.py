@@ -90,6 +90,7 @@ OFFICIAL_FIELDS: dict[str, Callable[[], dict]] = {
         "epoch": 799,
         "config": {"MODEL": {"TYPE": "vit", "NAME": "simmim_pretrain"}},
     },
+    "franca": lambda: {},  # the README's "backbone only" files: the teacher entry alone
     "densecl": lambda: {"author": "DenseCL"},
     "instdisc": lambda: {
         "epoch": 200,
@@ -289,6 +290,11 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
     ),
     "byol": lambda state, d: linear("fc", 1000, d),
     "dinov3": lambda state, d: {"mask_token": torch.zeros(1, d)},  # DinoVisionTransformer's [1, D]
+    "franca": lambda state, d: (  # the teacher's mask token and heads (Matryoshka levels, scaled down)
+        {"backbone.mask_token": torch.zeros(1, d)}
+        | linear("dino_head.heads.0.mlp.0", 64, d)
+        | linear("ibot_head.heads.0.mlp.0", 64, d)
+    ),
     "torchvision": lambda state, d: linear("fc", 1000, d),
     "timm": lambda state, d: linear("fc", 1000, d),
 }

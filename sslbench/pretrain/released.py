@@ -25,6 +25,7 @@ Writing a backbone in a format's layout is ``sslbench.pretrain.official_files``.
 from __future__ import annotations
 
 import pickle
+import re
 import types
 import warnings
 from collections.abc import Mapping
@@ -199,7 +200,21 @@ def dinov3_to_timm(state: Mapping[str, torch.Tensor], path) -> dict[str, torch.T
     return out
 
 
-CONVERSIONS = {"dinov3": dinov3_to_timm}  # Format.convert: key conversions beyond renaming
+CHUNKED_BLOCK = re.compile(r"^blocks\.\d+\.(\d+)\.")  # BlockChunk c's block i: blocks.c.i.
+
+
+def dinov2_code_to_timm(state: Mapping[str, torch.Tensor], path) -> dict[str, torch.Tensor]:
+    """A ViT as DINOv2's training code saves it (Franca's too), in timm's names: blocks kept in chunks
+    (``block_chunks``: ``blocks.<chunk>.<block>.``) as ``blocks.<block>.``, and the fused SwiGLU's
+    ``w12`` and ``w3`` as timm's ``SwiGLUPacked`` ``fc1`` and ``fc2`` (both gate the first half)."""
+    out = {}
+    for key, value in state.items():
+        key = CHUNKED_BLOCK.sub(r"blocks.\1.", key)
+        out[key.replace(".mlp.w12.", ".mlp.fc1.").replace(".mlp.w3.", ".mlp.fc2.")] = value
+    return out
+
+
+CONVERSIONS = {"dinov3": dinov3_to_timm, "dinov2_code": dinov2_code_to_timm}  # Format.convert's
 
 
 def backbone_state(path: str | Path, format: str, part: str | None = None) -> dict[str, torch.Tensor]:

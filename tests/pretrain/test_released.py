@@ -506,6 +506,41 @@ def test_a_dinov3_hub_file_loads_into_timm_s_eva_its_masked_qkv_bias_as_q_and_v_
         backbone_state(path, "dinov3")
 
 
+def test_a_franca_file_s_chunked_swiglu_teacher_loads_into_timm_s_dinov2_vit(tmp_path):
+    # franca_vitb14_In21k.pth: {"teacher": ...} as DINOv2's code saves a ViT with block_chunks (here 2 chunks
+    # of 2 blocks: BlockChunk 1 holds blocks 2 and 3 after two Identity slots) and SwiGLUFFNFused (w12, w3;
+    # hidden (int(4 x 48 x 2 / 3) + 7) // 8 x 8 = 128), beside its heads and mask token
+    args = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 4, "num_heads": 3}
+    args |= {"mlp_layer": "swiglu_packed", "act_layer": "silu", "mlp_ratio": 5.334}
+    torch.manual_seed(0)
+    model = create_backbone("vit_small_patch14_dinov2", **args).eval()
+    with torch.no_grad():
+        for value in model.state_dict().values():
+            value.normal_(0, 0.2)
+    assert model.blocks[0].mlp.fc1.out_features == 2 * 128
+    teacher = {}
+    for key, value in model.state_dict().items():
+        if key.startswith("blocks."):
+            block = int(key.split(".")[1])
+            key = f"blocks.{block // 2}.{key.removeprefix('blocks.')}"
+        teacher["backbone." + key.replace(".mlp.fc1.", ".mlp.w12.").replace(".mlp.fc2.", ".mlp.w3.")] = value
+    assert "backbone.blocks.1.3.mlp.w12.weight" in teacher
+    path = tmp_path / "franca_vitb14_In21k.pth"
+    torch.save({"teacher": teacher | example_heads("franca", {}, 48)}, path)
+
+    loaded = load_backbone(
+        create_backbone("vit_small_patch14_dinov2", **args), backbone_state(path, "franca"), path
+    )
+
+    assert_same_backbone(loaded, model)
+    x = torch.randn(5, 48)
+    w12, w3 = (teacher[f"backbone.blocks.1.3.mlp.{w}.weight"] for w in ("w12", "w3"))
+    b12, b3 = (teacher[f"backbone.blocks.1.3.mlp.{w}.bias"] for w in ("w12", "w3"))
+    x1, x2 = F.linear(x, w12, b12).chunk(2, dim=-1)  # SwiGLUFFN: w3(silu(x1) * x2)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.blocks[3].mlp(x), F.linear(F.silu(x1) * x2, w3, b3))
+
+
 def test_a_dinov2_hub_file_loads_into_timm_s_vit_with_layer_scale_and_518_px_positions(tmp_path):
     # dinov2_vits14_pretrain.pth: DinoVisionTransformer's state dict, timm's names, its mask token beside
     # them, position embeddings of 37 x 37 patches; a small one here (4 x 4 patches of 8 px, 32-px inputs)
