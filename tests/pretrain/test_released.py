@@ -35,6 +35,14 @@ def tiny(seed: int = 0, name: str = "test_resnet") -> torch.nn.Module:
     return model.eval()
 
 
+def randomized(model: torch.nn.Module, std: float = 0.2) -> torch.nn.Module:
+    """``model`` with every parameter and buffer of its state dict drawn N(0, std), in eval mode."""
+    with torch.no_grad():
+        for value in model.state_dict().values():
+            value.normal_(0, std)
+    return model.eval()
+
+
 def fresh(name: str = "test_resnet") -> torch.nn.Module:
     return timm.create_model(name, num_classes=0)
 
@@ -417,10 +425,7 @@ def test_a_simmim_checkpoint_s_encoder_loads_into_timm_s_beit_and_gives_the_offi
     # state dict: BEiT's ViT (shared relative position bias, layer scale) as `encoder.`, with its mask
     # token and the index buffer, and the 1x1-conv decoder
     torch.manual_seed(0)
-    encoder = timm.create_model("beit_base_patch16_224", **SIMMIM_VIT).eval()
-    with torch.no_grad():
-        for value in encoder.state_dict().values():
-            value.normal_(0, 0.2)
+    encoder = randomized(timm.create_model("beit_base_patch16_224", **SIMMIM_VIT))
     path = write_official(
         encoder.state_dict(), "simmim", tmp_path / "simmim.pth", heads=example_heads("simmim", {}, 48)
     )
@@ -446,10 +451,7 @@ def test_a_capi_hub_file_s_backbone_keys_load_into_the_suite_s_capi_vit_the_othe
     # those alone (a key without the prefix stands for whatever else the file holds)
     args = {"patch_size": 4, "embed_dim": 24, "depth": 2, "num_heads": 2, "n_registers": 8}
     torch.manual_seed(0)
-    encoder = create_backbone("capi_vit_large_patch14", image_size=16, **args).eval()
-    with torch.no_grad():
-        for value in encoder.state_dict().values():
-            value.normal_(0, 0.2)
+    encoder = randomized(create_backbone("capi_vit_large_patch14", image_size=16, **args))
     path = write_official(
         encoder.state_dict(), "capi", tmp_path / "capi.pth", heads=example_heads("capi", {}, 24)
     )
@@ -490,10 +492,7 @@ def test_a_dinov3_hub_file_loads_into_timm_s_eva_its_masked_qkv_bias_as_q_and_v_
     args = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 3, "num_classes": 0}
     args["global_pool"] = "token"
     torch.manual_seed(0)
-    model = timm.create_model("vit_small_patch16_dinov3_qkvb", **args).eval()
-    with torch.no_grad():
-        for value in model.state_dict().values():
-            value.normal_(0, 0.2)
+    model = randomized(timm.create_model("vit_small_patch16_dinov3_qkvb", **args))
     path = tmp_path / "dinov3_vits16_pretrain_lvd1689m.pth"
     torch.save(dinov3_file(model.state_dict()), path)
     assert "blocks.1.ls2.gamma" in torch.load(path) and "reg_token" not in torch.load(path)
@@ -513,10 +512,7 @@ def test_a_franca_file_s_chunked_swiglu_teacher_loads_into_timm_s_dinov2_vit(tmp
     args = {"img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 4, "num_heads": 3}
     args |= {"mlp_layer": "swiglu_packed", "act_layer": "silu", "mlp_ratio": 5.334}
     torch.manual_seed(0)
-    model = create_backbone("vit_small_patch14_dinov2", **args).eval()
-    with torch.no_grad():
-        for value in model.state_dict().values():
-            value.normal_(0, 0.2)
+    model = randomized(create_backbone("vit_small_patch14_dinov2", **args))
     assert model.blocks[0].mlp.fc1.out_features == 2 * 128
     teacher = {}
     for key, value in model.state_dict().items():
