@@ -25,7 +25,10 @@ class Format:
     also_strips: tuple[str, ...] = ()  # other prefixes the loader strips (the first a key starts with)
     drop: tuple[str, ...] = ()  # keys (as in the file) of heads and other networks, dropped
     prefixed_only: bool = False  # the loader reads the keys with `prefix` alone, and ignores the others
-    convert: str | None = None  # a key conversion after the renaming (sslbench.pretrain.released.CONVERSIONS)
+    renames: tuple[
+        tuple[str, str], ...
+    ] = ()  # (regex, replacement) on each key, after the prefix is stripped
+    convert: str | None = None  # a conversion of values after the renaming (released.CONVERSIONS)
     also_reads: tuple[str, ...] = ()  # other top-level entries the loader accepts, tried after `wrapper`
     parts: tuple[str, ...] = ()  # entries `part` may select, the first by default
     backbone_file: bool = False  # also released as a bare state dict of the backbone, plain keys
@@ -213,7 +216,13 @@ FORMATS: dict[str, Format] = {
     "dinov3": Format(
         "facebookresearch/dinov3 dinov3/hub/backbones.py (the `*_pretrain_lvd1689m-*.pth` backbone files)",
         wrapper=None,
-        drop=("mask_token", "local_cls_norm."),  # the masked patches' token; the 7B's local-crop norm
+        # the masked patches' token; the 7B's local-crop norm; RoPE's periods (a function of the settings)
+        drop=("mask_token", "local_cls_norm.", "rope_embed.periods"),
+        renames=(
+            (r"\.ls1\.gamma$", ".gamma_1"),
+            (r"\.ls2\.gamma$", ".gamma_2"),
+            (r"^storage_tokens$", "reg_token"),
+        ),
         convert="dinov3",
         note=(
             "DinoVisionTransformer's state dict (4 storage tokens, RoPE, layer scale, a k-masked qkv "
@@ -232,7 +241,11 @@ FORMATS: dict[str, Format] = {
             *("backbone.mask_token", "dino_head.", "ibot_head."),
             *("module.backbone.mask_token", "module.dino_head.", "module.ibot_head."),
         ),
-        convert="dinov2_code",
+        renames=(  # DINOv2's code: BlockChunk c's block i (blocks.c.i.), the fused SwiGLU's w12 and w3
+            (r"^blocks\.\d+\.(\d+)\.", r"blocks.\1."),
+            (r"\.mlp\.w12\.", ".mlp.fc1."),
+            (r"\.mlp\.w3\.", ".mlp.fc2."),
+        ),
         note=(
             "DINOv2's ViT as its training code saves it (blocks in chunks, the fused SwiGLU's w12 and w3): "
             "load ViT-B/14 or L/14 into timm's vit_*_patch14_dinov2 with `args: {mlp_layer: swiglu_packed, "

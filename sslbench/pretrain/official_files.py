@@ -270,7 +270,10 @@ EXAMPLE_HEADS: dict[str, Callable[[Mapping, int], dict]] = {
     ),
     "densecl": lambda state, d: {},  # the released files are the extracted backbone
     "simmim": lambda state, d: (  # the decoder (1x1 conv to 16 x 16 x 3, pixel shuffle), mask token, index
-        {"decoder.0.weight": torch.randn(16 * 16 * 3, d, 1, 1) / d**0.5, "decoder.0.bias": torch.zeros(768)}
+        {
+            "decoder.0.weight": torch.randn(16 * 16 * 3, d, 1, 1) / d**0.5,
+            "decoder.0.bias": torch.zeros(16 * 16 * 3),
+        }
         | {"encoder.mask_token": torch.zeros(1, 1, d)}
         | {"encoder.rel_pos_bias.relative_position_index": gen_relative_position_index((4, 4))}
     ),

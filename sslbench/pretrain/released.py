@@ -168,22 +168,27 @@ def strip_prefix(key: str, prefixes: tuple[str, ...]) -> str:
     return key
 
 
+def renamed(key: str, fmt: Format) -> str:
+    key = strip_prefix(key, (fmt.prefix, *fmt.also_strips))
+    for pattern, replacement in fmt.renames:
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
 def rename(weights: Mapping[str, torch.Tensor], fmt: Format) -> dict[str, torch.Tensor]:
     """The format's keys in the backbone's names: declared heads dropped (and, for a loader that reads the
-    prefixed keys alone, every other key), the prefix stripped."""
-    strips = (fmt.prefix, *fmt.also_strips)
+    prefixed keys alone, every other key), the prefix stripped, the format's renames applied."""
     read = lambda key: not key.startswith(fmt.drop) and (key.startswith(fmt.prefix) or not fmt.prefixed_only)
-    return {strip_prefix(k, strips): v for k, v in weights.items() if read(k)}
+    return {renamed(k, fmt): v for k, v in weights.items() if read(k)}
 
 
 def dinov3_to_timm(state: Mapping[str, torch.Tensor], path) -> dict[str, torch.Tensor]:
-    """DINOv3's DinoVisionTransformer keys as timm's Eva (``vit_*_dinov3_qkvb``) names them: layer scale
-    ``ls1/ls2.gamma`` as ``gamma_1/gamma_2``, ``storage_tokens`` as ``reg_token``, and each qkv bias as the
-    official layer applies it (``LinearKMaskedBias``: bias x bias_mask, the mask zero on k) split into
-    ``q_bias`` and ``v_bias``. The RoPE periods are a function of the model's settings and not read."""
+    """DINOv3's qkv biases as timm's Eva (``vit_*_dinov3_qkvb``) holds them: each applied as the official
+    layer applies it (``LinearKMaskedBias``: bias x bias_mask, the mask zero on k), split into ``q_bias``
+    and ``v_bias``."""
     out = {}
     for key, value in state.items():
-        if key.endswith(("rope_embed.periods", "qkv.bias_mask")):
+        if key.endswith("qkv.bias_mask"):
             continue
         if key.endswith("qkv.bias"):
             q, k, v = (value * state[f"{key}_mask"]).chunk(3)
@@ -192,29 +197,12 @@ def dinov3_to_timm(state: Mapping[str, torch.Tensor], path) -> dict[str, torch.T
                     f"{path}: {key}_mask leaves a k bias, which timm's Eva (k bias fixed at 0) cannot hold"
                 )
             out[key.replace("qkv.bias", "q_bias")], out[key.replace("qkv.bias", "v_bias")] = q, v
-            continue
-        renames = (("ls1.gamma", "gamma_1"), ("ls2.gamma", "gamma_2"), ("storage_tokens", "reg_token"))
-        for old, new in renames:
-            key = key.replace(old, new)
-        out[key] = value
+        else:
+            out[key] = value
     return out
 
 
-CHUNKED_BLOCK = re.compile(r"^blocks\.\d+\.(\d+)\.")  # BlockChunk c's block i: blocks.c.i.
-
-
-def dinov2_code_to_timm(state: Mapping[str, torch.Tensor], path) -> dict[str, torch.Tensor]:
-    """A ViT as DINOv2's training code saves it (Franca's too), in timm's names: blocks kept in chunks
-    (``block_chunks``: ``blocks.<chunk>.<block>.``) as ``blocks.<block>.``, and the fused SwiGLU's
-    ``w12`` and ``w3`` as timm's ``SwiGLUPacked`` ``fc1`` and ``fc2`` (both gate the first half)."""
-    out = {}
-    for key, value in state.items():
-        key = CHUNKED_BLOCK.sub(r"blocks.\1.", key)
-        out[key.replace(".mlp.w12.", ".mlp.fc1.").replace(".mlp.w3.", ".mlp.fc2.")] = value
-    return out
-
-
-CONVERSIONS = {"dinov3": dinov3_to_timm, "dinov2_code": dinov2_code_to_timm}  # Format.convert's
+CONVERSIONS = {"dinov3": dinov3_to_timm}  # Format.convert's: what renaming keys cannot do
 
 
 def backbone_state(path: str | Path, format: str, part: str | None = None) -> dict[str, torch.Tensor]:
